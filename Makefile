@@ -1,0 +1,96 @@
+# ursa - a software RDMA NIC in user space.
+#
+#   make            build build/lib/libibverbs.so.1 and build/bin/ursa
+#   make test       build and run every test (ends with "N passed, N failed")
+#   make sanitize   the same tests under AddressSanitizer + UBSan (build/asan)
+#   make demo       run the demo (two QPs, registration, zero-copy transfers)
+#   make install    install under $(PREFIX) (default /usr/local/lib/ursa)
+#
+# Variables: BUILD (output dir), SAN=1 (sanitizers), CC, EXTRA_CFLAGS.
+
+BUILD ?= build
+CC ?= cc
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib/ursa
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+	-Wmissing-prototypes -Wold-style-definition -Wno-missing-field-initializers
+CFLAGS := -std=gnu11 -O2 -g -pthread -fPIC -fvisibility=hidden $(WARN) \
+	-D_GNU_SOURCE $(EXTRA_CFLAGS)
+LDFLAGS := -pthread
+ifeq ($(SAN),1)
+CFLAGS += -fsanitize=address,undefined -fno-sanitize-recover=all \
+	-fno-omit-frame-pointer -O1
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+LIB_SRC := $(wildcard src/util/*.c src/core/*.c src/engine/*.c \
+	src/transport/*.c src/verbs/*.c)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB := $(BUILD)/lib/libibverbs.so.1
+MAP := src/verbs/libibverbs.map
+
+UNIT_SRC := $(wildcard tests/unit/*.c)
+FUNC_SRC := $(wildcard tests/func/*.c)
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit_%)
+FUNC_BIN := $(FUNC_SRC:tests/func/%.c=$(BUILD)/tests/func_%)
+HARNESS := tests/harness.c
+
+.PHONY: all test sanitize demo install clean tests
+all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa
+
+$(BUILD)/obj/%.o: %.c $(wildcard src/*/*.h) include/ursa/ursa.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ) $(MAP)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,libibverbs.so.1 -Wl,--version-script=$(MAP) \
+		-Wl,-z,now -Wl,-z,defs $(LDFLAGS) -o $@ $(LIB_OBJ)
+
+$(BUILD)/lib/libibverbs.so: $(LIB)
+	ln -sf libibverbs.so.1 $@
+
+# Tools and tests are ordinary verbs programs: system header, -libverbs,
+# and ursa's library found first through -L / the library path.
+APP_CFLAGS := $(filter-out -fvisibility=hidden,$(CFLAGS)) -Iinclude
+APP_LDFLAGS := $(LDFLAGS) -L$(BUILD)/lib -Wl,-rpath-link,$(BUILD)/lib
+
+$(BUILD)/bin/ursa: tools/ursa.c $(LIB) $(BUILD)/lib/libibverbs.so
+	@mkdir -p $(dir $@)
+	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) -libverbs
+
+tests: $(UNIT_BIN) $(FUNC_BIN)
+
+# Unit tests link the pure modules directly.
+UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c \
+	src/core/qpstate.c src/util/util.c
+$(BUILD)/tests/unit_%: tests/unit/%.c $(HARNESS) tests/harness.h $(UNIT_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(APP_CFLAGS) $< $(HARNESS) $(UNIT_DEPS) -o $@ $(LDFLAGS) \
+		-Wl,--unresolved-symbols=ignore-in-object-files
+
+$(BUILD)/tests/func_%: tests/func/%.c $(HARNESS) tests/harness.h \
+		tests/func/common.h $(LIB) $(BUILD)/lib/libibverbs.so
+	@mkdir -p $(dir $@)
+	$(CC) $(APP_CFLAGS) $< $(HARNESS) -o $@ $(APP_LDFLAGS) -libverbs
+
+test: all tests
+	@BUILD=$(BUILD) sh tests/run.sh
+
+sanitize:
+	$(MAKE) BUILD=build/asan SAN=1 test
+
+demo: all
+	LD_LIBRARY_PATH=$(BUILD)/lib $(BUILD)/bin/ursa demo
+
+install: all
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PREFIX)/bin \
+		$(DESTDIR)$(PREFIX)/include/ursa
+	install -m 755 $(LIB) $(DESTDIR)$(LIBDIR)/
+	ln -sf libibverbs.so.1 $(DESTDIR)$(LIBDIR)/libibverbs.so
+	install -m 644 include/ursa/ursa.h $(DESTDIR)$(PREFIX)/include/ursa/
+	install -m 755 $(BUILD)/bin/ursa $(DESTDIR)$(PREFIX)/bin/ursa
+
+clean:
+	rm -rf build

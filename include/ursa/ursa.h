@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ursa.h - ursa's own extensions to the verbs API.
+ *
+ * Everything here is optional: programs use <infiniband/verbs.h> as with any
+ * RDMA device. These calls make ursa's mechanisms visible: what a
+ * registration pinned and how its translation table looks, what a QP and the
+ * progress engine counted, and a way to take the port down and up to test an
+ * application's async-event handling. All calls return 0 or a negative errno
+ * (liburing style) and never touch errno. Structs carry comp_mask for growth.
+ * Exported in the URSA_1.0 symbol version of libibverbs.so.1.
+ */
+#ifndef URSA_URSA_H
+#define URSA_URSA_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ursa_mr_info {
+	uint64_t comp_mask;	/* 0 for now */
+	uint64_t addr;		/* process address of the first byte */
+	uint64_t iova;		/* address the keys expose */
+	uint64_t length;
+	uint32_t lkey, rkey;
+	uint32_t access;	/* enum ibv_access_flags */
+	uint32_t entries;	/* translation-table entries */
+	uint32_t huge_entries;	/* entries for pages larger than 4 KiB */
+	uint64_t page_size;	/* page size backing most of the range */
+	uint64_t pages_4k;	/* 4 KiB pages the range spans */
+	uint64_t pinned_bytes;	/* bytes pinned for this MR (0 with ODP) */
+	int on_demand;		/* registered with IBV_ACCESS_ON_DEMAND */
+};
+
+/* Describe a memory region. */
+int ursa_mr_info(struct ibv_mr *mr, struct ursa_mr_info *info);
+
+/* Translation-table entry idx of mr: page start address and page size. */
+int ursa_mr_entry(struct ibv_mr *mr, uint32_t idx, uint64_t *va,
+		  uint64_t *page_size);
+
+/* Bytes currently pinned by all registrations of this process. */
+int64_t ursa_pinned_total(void);
+
+struct ursa_qp_stats {
+	uint64_t comp_mask;
+	uint64_t sends, recvs;	/* messages sent (requester) / received */
+	uint64_t writes, reads, atomics; /* executed as responder */
+	uint64_t tx_bytes, rx_bytes;
+	uint64_t rnr_naks;	/* RNR NAKs this QP answered as responder */
+	uint64_t retries;	/* requester retransmissions (ACK timeout) */
+	uint64_t errors;	/* error completions and refused requests */
+};
+
+int ursa_qp_stats(struct ibv_qp *qp, struct ursa_qp_stats *st);
+
+struct ursa_engine_stats {
+	uint64_t comp_mask;
+	uint64_t doorbells;	/* posts that had to wake the engine */
+	uint64_t wakeups;	/* times the engine returned from sleep */
+};
+
+int ursa_engine_stats(struct ibv_context *ctx, struct ursa_engine_stats *st);
+
+/* Set port 1 to IBV_PORT_ACTIVE or IBV_PORT_DOWN; every open context gets
+ * IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR. For testing applications. */
+int ursa_port_set_state(struct ibv_context *ctx, enum ibv_port_state state);
+
+/* "ursa <version>" */
+const char *ursa_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

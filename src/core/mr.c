@@ -1,0 +1,498 @@
+// SPDX-License-Identifier: MIT
+/*
+ * mr.c - memory registration, memory windows, and every access check.
+ *
+ * Registration validates the access flags (IBTA 10.6.3.1: remote write or
+ * remote atomic require local write), pins the pages through the device's
+ * reference-counted pin map (unless IBV_ACCESS_ON_DEMAND), builds the
+ * translation table and draws an lkey and a distinct rkey. Deregistration
+ * revokes both keys first, then waits for in-flight accesses that resolved a
+ * key before the revocation, and only then unpins and frees.
+ *
+ * All data-path accesses go through ursa_mem_local() (an lkey in an SGE) and
+ * ursa_mem_remote() (an rkey in a request). They check, in this order: the
+ * key names a live object of the right kind, the object is valid, it belongs
+ * to the QP's PD, the range lies inside it (overflow-safe), and the access
+ * rights cover the operation. The result says which check refused, so error
+ * messages and counters can name it.
+ */
+#include "core.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PAGE 4096ul
+
+static const unsigned int supported_access =
+	IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+	IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+	IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND |
+	IBV_ACCESS_HUGETLB | IBV_ACCESS_OPTIONAL_RANGE;
+
+int ursa_access_check(unsigned int access)
+{
+	if (access & ~supported_access)
+		return -EINVAL;
+	/* IBTA C10-23 / 10.6.3.1: remote write and remote atomic require
+	 * local write. */
+	if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+	    !(access & IBV_ACCESS_LOCAL_WRITE))
+		return -EINVAL;
+	return 0;
+}
+
+static void wait_idle(struct ursa_keyed *k)
+{
+	/* Acquire: pairs with ursa_keyed_put so the last accessor's reads
+	 * and writes of the memory finish before we unpin and free. */
+	while (atomic_load_explicit(&k->refs, memory_order_acquire) > 0)
+		sched_yield();
+}
+
+static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
+{
+	struct ursa_device *dev = ursa_device_get();
+	uintptr_t a = (uintptr_t)addr;
+	uintptr_t ps = a & ~(PAGE - 1);
+	uintptr_t pe = (a + length + PAGE - 1) & ~(PAGE - 1);
+	uint64_t newly = 0;
+	int ret;
+
+	if (!mr->odp) {
+		ret = ursa_pin(&dev->pins, ps, pe, &newly);
+		if (ret == -ENOMEM) {
+			ursa_err("ibv_reg_mr: pinning %llu more bytes would exceed RLIMIT_MEMLOCK (%llu bytes, %llu already pinned); raise it with 'ulimit -l' or in /etc/security/limits.conf, or register with IBV_ACCESS_ON_DEMAND",
+				 (unsigned long long)newly,
+				 (unsigned long long)dev->pins.limit,
+				 (unsigned long long)ursa_pinned_bytes(&dev->pins));
+			return -ENOMEM;
+		}
+		if (ret)
+			/* mlock's ENOMEM means "not mapped": the kernel's
+			 * ib_umem reports such an address as EFAULT. */
+			return ret == -ENOMEM || ret == -EAGAIN ? -EFAULT : ret;
+		mr->pin_start = ps;
+		mr->pin_end = pe;
+	}
+	ret = ursa_mtt_build_self(&mr->mtt, ps, pe);
+	if (ret && !mr->odp) {
+		ursa_unpin(&dev->pins, ps, pe);
+		mr->pin_start = mr->pin_end = 0;
+	}
+	return ret;
+}
+
+static void mr_unmap(struct ursa_mr *mr)
+{
+	struct ursa_device *dev = ursa_device_get();
+
+	if (mr->pin_end)
+		ursa_unpin(&dev->pins, mr->pin_start, mr->pin_end);
+	mr->pin_start = mr->pin_end = 0;
+	ursa_mtt_free(&mr->mtt);
+}
+
+static int check_range(void *addr, size_t length)
+{
+	uintptr_t a = (uintptr_t)addr;
+
+	if (!length || length > URSA_MAX_MR_SIZE || a + length < a ||
+	    a + length > UINTPTR_MAX - PAGE)
+		return -EINVAL;
+	return 0;
+}
+
+int ursa_mr_reg(struct ursa_pd *pd, void *addr, size_t length, uint64_t iova,
+		unsigned int access, struct ursa_mr **out)
+{
+	struct ursa_device *dev = ursa_device_get();
+	struct ursa_mr *mr;
+	int ret;
+
+	ret = ursa_access_check(access);
+	if (!ret)
+		ret = check_range(addr, length);
+	if (!ret && iova + length < iova)
+		ret = -EINVAL;
+	if (ret)
+		return ret;
+	if (access & IBV_ACCESS_ZERO_BASED)
+		iova = 0;
+	mr = calloc(1, sizeof(*mr));
+	if (!mr)
+		return -ENOMEM;
+	mr->pd = pd;
+	mr->iova = iova;
+	mr->addr = (uintptr_t)addr;
+	mr->length = length;
+	mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
+	mr->odp = access & IBV_ACCESS_ON_DEMAND;
+	ret = mr_map(mr, addr, length);
+	if (ret)
+		goto err_free;
+	ret = ursa_keytab_add(&dev->keys, &mr->lk, URSA_KEY_MR_LKEY,
+			      &mr->ibv.lkey);
+	if (ret)
+		goto err_unmap;
+	ret = ursa_keytab_add(&dev->keys, &mr->rk, URSA_KEY_MR_RKEY,
+			      &mr->ibv.rkey);
+	if (ret)
+		goto err_lkey;
+	mr->ibv.context = pd->ibv.context;
+	mr->ibv.pd = &pd->ibv;
+	mr->ibv.addr = addr;
+	mr->ibv.length = length;
+	mr->ibv.handle = mr->ibv.lkey;
+	atomic_fetch_add(&pd->refs, 1);
+	/* Release: the fields above are complete before the MR can be
+	 * seen valid by an engine that found its key. */
+	atomic_store_explicit(&mr->state, URSA_MR_VALID, memory_order_release);
+	*out = mr;
+	return 0;
+err_lkey:
+	ursa_keytab_del(&dev->keys, mr->ibv.lkey);
+err_unmap:
+	mr_unmap(mr);
+err_free:
+	free(mr);
+	return ret;
+}
+
+int ursa_mr_dereg(struct ursa_mr *mr)
+{
+	struct ursa_device *dev = ursa_device_get();
+
+	/* IBTA 10.6.7.2.3: an MR with bound windows cannot be deregistered. */
+	if (atomic_load(&mr->mw_binds))
+		return -EBUSY;
+	atomic_store(&mr->state, URSA_MR_INVALID);
+	ursa_keytab_del(&dev->keys, mr->ibv.lkey);
+	ursa_keytab_del(&dev->keys, mr->ibv.rkey);
+	wait_idle(&mr->lk);
+	wait_idle(&mr->rk);
+	mr_unmap(mr);
+	atomic_fetch_sub(&mr->pd->refs, 1);
+	free(mr);
+	return 0;
+}
+
+int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
+		  void *addr, size_t length, unsigned int access)
+{
+	struct ursa_mr tmp;
+	int ret;
+
+	if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
+		      IBV_REREG_MR_CHANGE_ACCESS) || !flags)
+		return -EINVAL;
+	if (atomic_load(&mr->mw_binds))
+		return -EBUSY;
+	if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+		ret = ursa_access_check(access);
+		if (ret)
+			return ret;
+		if ((access & IBV_ACCESS_ON_DEMAND) != (mr->odp ? IBV_ACCESS_ON_DEMAND : 0))
+			return -EINVAL;
+	}
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		ret = check_range(addr, length);
+		if (ret)
+			return ret;
+	}
+	/* Fence off accesses while the MR changes: the keys stay the same
+	 * but the MR is invalid until the new translation is in place. */
+	atomic_store(&mr->state, URSA_MR_INVALID);
+	wait_idle(&mr->lk);
+	wait_idle(&mr->rk);
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		memset(&tmp, 0, sizeof(tmp));
+		tmp.odp = mr->odp;
+		ret = mr_map(&tmp, addr, length);
+		if (ret) {
+			atomic_store(&mr->state, URSA_MR_VALID);
+			return ret;
+		}
+		mr_unmap(mr);
+		mr->mtt = tmp.mtt;
+		mr->pin_start = tmp.pin_start;
+		mr->pin_end = tmp.pin_end;
+		mr->addr = (uintptr_t)addr;
+		mr->iova = (uintptr_t)addr;
+		mr->length = length;
+		mr->ibv.addr = addr;
+		mr->ibv.length = length;
+	}
+	if (flags & IBV_REREG_MR_CHANGE_PD) {
+		atomic_fetch_sub(&mr->pd->refs, 1);
+		mr->pd = pd;
+		atomic_fetch_add(&pd->refs, 1);
+		mr->ibv.pd = &pd->ibv;
+	}
+	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+		mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
+	atomic_store_explicit(&mr->state, URSA_MR_VALID, memory_order_release);
+	return 0;
+}
+
+/* Range [va, va+len) inside [base, base+size), without overflow. */
+static bool in_bounds(uint64_t base, uint64_t size, uint64_t va, uint64_t len)
+{
+	return va >= base && len <= size && va - base <= size - len;
+}
+
+static int translate(struct ursa_mr *mr, uint64_t iova, uint64_t len,
+		     uintptr_t *va)
+{
+	uintptr_t v = mr->addr + (uintptr_t)(iova - mr->iova);
+
+	/* The NIC's view: the page must be in the table. A zero-length
+	 * access at the very end names no page and needs no lookup. */
+	if (len && ursa_mtt_lookup(&mr->mtt, v) < 0)
+		return URSA_MEM_BAD_BOUNDS;
+	*va = v;
+	return URSA_MEM_OK;
+}
+
+int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
+		   unsigned int need, struct ursa_mem_ref *ref)
+{
+	struct ursa_device *dev = ursa_device_get();
+	struct ursa_keyed *k;
+	struct ursa_mr *mr;
+	int ret;
+
+	ref->k = NULL;
+	k = ursa_keytab_get(&dev->keys, sge->lkey, URSA_KEY_MR_LKEY, NULL);
+	if (!k)
+		return URSA_MEM_BAD_KEY;
+	mr = container_of(k, struct ursa_mr, lk);
+	ref->k = k;
+	ref->mr = mr;
+	if (atomic_load_explicit(&mr->state, memory_order_acquire) !=
+	    URSA_MR_VALID)
+		ret = URSA_MEM_BAD_KEY;
+	else if (mr->pd != pd)
+		ret = URSA_MEM_BAD_PD;
+	else if (!in_bounds(mr->iova, mr->length, sge->addr, sge->length))
+		ret = URSA_MEM_BAD_BOUNDS;
+	else if ((need & IBV_ACCESS_LOCAL_WRITE) &&
+		 !(mr->access & IBV_ACCESS_LOCAL_WRITE))
+		ret = URSA_MEM_BAD_ACCESS;
+	else
+		ret = translate(mr, sge->addr, sge->length, &ref->va);
+	if (ret)
+		ursa_mem_put(ref);
+	return ret;
+}
+
+int ursa_mem_remote(struct ursa_pd *pd, uint32_t qpn, uint32_t rkey,
+		    uint64_t va, uint64_t len, unsigned int need,
+		    struct ursa_mem_ref *ref)
+{
+	struct ursa_device *dev = ursa_device_get();
+	struct ursa_keyed *k;
+	uint8_t kind;
+	int ret;
+
+	ref->k = NULL;
+	k = ursa_keytab_get(&dev->keys, rkey, URSA_KEY_MR_RKEY | URSA_KEY_MW,
+			    &kind);
+	if (!k)
+		return URSA_MEM_BAD_KEY;
+	ref->k = k;
+	if (kind == URSA_KEY_MR_RKEY) {
+		struct ursa_mr *mr = container_of(k, struct ursa_mr, rk);
+
+		ref->mr = mr;
+		if (atomic_load_explicit(&mr->state, memory_order_acquire) !=
+		    URSA_MR_VALID)
+			ret = URSA_MEM_BAD_KEY;
+		else if (mr->pd != pd)
+			ret = URSA_MEM_BAD_PD;
+		else if (!in_bounds(mr->iova, mr->length, va, len))
+			ret = URSA_MEM_BAD_BOUNDS;
+		else if ((mr->access & need) != need)
+			ret = URSA_MEM_BAD_ACCESS;
+		else
+			ret = translate(mr, va, len, &ref->va);
+	} else {
+		struct ursa_mw *mw = container_of(k, struct ursa_mw, k);
+
+		pthread_mutex_lock(&mw->lock);
+		ref->mr = mw->mr;
+		if (mw->state != URSA_MW_VALID || !mw->mr)
+			ret = URSA_MEM_BAD_KEY;
+		else if (mw->pd != pd)
+			ret = URSA_MEM_BAD_PD;
+		else if (mw->ibv.type == IBV_MW_TYPE_2 && mw->qpn != qpn)
+			ret = URSA_MEM_BAD_QP;
+		else if (!in_bounds(mw->addr, mw->length, va, len))
+			ret = URSA_MEM_BAD_BOUNDS;
+		else if ((mw->access & need) != need)
+			ret = URSA_MEM_BAD_ACCESS;
+		else
+			ret = translate(mw->mr, va, len, &ref->va);
+		pthread_mutex_unlock(&mw->lock);
+	}
+	if (ret)
+		ursa_mem_put(ref);
+	return ret;
+}
+
+const char *ursa_mem_err_str(int e)
+{
+	switch (e) {
+	case URSA_MEM_OK: return "ok";
+	case URSA_MEM_BAD_KEY: return "key unknown, invalid or deregistered";
+	case URSA_MEM_BAD_PD: return "key belongs to another protection domain";
+	case URSA_MEM_BAD_BOUNDS: return "range outside the registered region";
+	case URSA_MEM_BAD_ACCESS: return "access rights do not permit the operation";
+	case URSA_MEM_BAD_QP: return "window is bound to another QP";
+	}
+	return "unknown";
+}
+
+int ursa_mw_alloc(struct ursa_pd *pd, enum ibv_mw_type type,
+		  struct ursa_mw **out)
+{
+	struct ursa_device *dev = ursa_device_get();
+	struct ursa_mw *mw;
+	int ret;
+
+	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2)
+		return -EINVAL;
+	mw = calloc(1, sizeof(*mw));
+	if (!mw)
+		return -ENOMEM;
+	pthread_mutex_init(&mw->lock, NULL);
+	mw->pd = pd;
+	mw->state = URSA_MW_FREE;
+	ret = ursa_keytab_add(&dev->keys, &mw->k, URSA_KEY_MW, &mw->ibv.rkey);
+	if (ret) {
+		free(mw);
+		return ret;
+	}
+	mw->ibv.context = pd->ibv.context;
+	mw->ibv.pd = &pd->ibv;
+	mw->ibv.type = type;
+	mw->ibv.handle = mw->ibv.rkey;
+	mw->key = mw->ibv.rkey;
+	atomic_fetch_add(&pd->refs, 1);
+	*out = mw;
+	return 0;
+}
+
+/* Caller holds mw->lock. */
+static void mw_unbind_locked(struct ursa_mw *mw, int new_state)
+{
+	if (mw->mr)
+		atomic_fetch_sub(&mw->mr->mw_binds, 1);
+	mw->mr = NULL;
+	mw->addr = mw->length = 0;
+	mw->access = 0;
+	mw->state = new_state;
+}
+
+int ursa_mw_dealloc(struct ursa_mw *mw)
+{
+	struct ursa_device *dev = ursa_device_get();
+
+	/* Keys are looked up by their current value: remove it first. */
+	pthread_mutex_lock(&mw->lock);
+	ursa_keytab_del(&dev->keys, mw->key);
+	mw_unbind_locked(mw, URSA_MW_INVALID);
+	pthread_mutex_unlock(&mw->lock);
+	wait_idle(&mw->k);
+	atomic_fetch_sub(&mw->pd->refs, 1);
+	pthread_mutex_destroy(&mw->lock);
+	free(mw);
+	return 0;
+}
+
+enum ibv_wc_status ursa_mw_bind(struct ursa_qp *qp, struct ursa_mw *mw,
+				uint32_t new_rkey,
+				const struct ibv_mw_bind_info *b)
+{
+	struct ursa_device *dev = ursa_device_get();
+	struct ursa_mr *mr = b->mr ? to_umr(b->mr) : NULL;
+	enum ibv_wc_status st = IBV_WC_SUCCESS;
+	unsigned int acc = b->mw_access_flags;
+
+	pthread_mutex_lock(&mw->lock);
+	/* IBTA 10.6.7.2: checks on the window, the MR and the range. */
+	if (mw->pd != qp->pd && mw->ibv.type == IBV_MW_TYPE_2)
+		st = IBV_WC_MW_BIND_ERR;
+	else if (mw->ibv.type == IBV_MW_TYPE_2 && mw->state == URSA_MW_VALID)
+		st = IBV_WC_MW_BIND_ERR;	/* C10-72: must be free */
+	else if (b->length == 0 && mw->ibv.type == IBV_MW_TYPE_1)
+		; /* zero-length bind of a type 1 window: unbind */
+	else if (!mr || atomic_load(&mr->state) != URSA_MR_VALID ||
+		 mr->pd != mw->pd)
+		st = IBV_WC_MW_BIND_ERR;
+	else if (!(mr->access & IBV_ACCESS_MW_BIND))
+		st = IBV_WC_MW_BIND_ERR;
+	else if (acc & ~(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED))
+		st = IBV_WC_MW_BIND_ERR;
+	else if ((acc & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+		 !(mr->access & IBV_ACCESS_LOCAL_WRITE))
+		st = IBV_WC_MW_BIND_ERR;
+	else if (!in_bounds(mr->iova, mr->length, b->addr, b->length))
+		st = IBV_WC_MW_BIND_ERR;
+	/* C10-75: the new key keeps the window's index; only the key byte
+	 * may change. */
+	if (st == IBV_WC_SUCCESS && new_rkey != mw->key &&
+	    ursa_keytab_rekey(&dev->keys, mw->key, new_rkey))
+		st = IBV_WC_MW_BIND_ERR;
+	if (st == IBV_WC_SUCCESS) {
+		mw_unbind_locked(mw, URSA_MW_FREE);
+		mw->key = new_rkey;
+		mw->ibv.rkey = new_rkey;
+		if (b->length || mw->ibv.type == IBV_MW_TYPE_2) {
+			mw->mr = mr;
+			atomic_fetch_add(&mr->mw_binds, 1);
+			mw->addr = b->addr;
+			mw->length = b->length;
+			mw->access = acc;
+			mw->qpn = qp->ex.qp_base.qp_num;
+			mw->state = URSA_MW_VALID;
+		}
+	}
+	pthread_mutex_unlock(&mw->lock);
+	return st;
+}
+
+int ursa_invalidate(struct ursa_pd *pd, uint32_t qpn, uint32_t rkey)
+{
+	struct ursa_device *dev = ursa_device_get();
+	struct ursa_keyed *k;
+	struct ursa_mw *mw;
+	uint8_t kind;
+	int ret = 0;
+
+	k = ursa_keytab_get(&dev->keys, rkey, URSA_KEY_MW | URSA_KEY_MR_RKEY,
+			    &kind);
+	if (!k)
+		return -EINVAL;
+	if (kind != URSA_KEY_MW) {
+		/* Only fast-registered MRs can be invalidated, and ursa has
+		 * none: invalidating a regular MR is an invalid request. */
+		ursa_keyed_put(k);
+		return -EINVAL;
+	}
+	mw = container_of(k, struct ursa_mw, k);
+	pthread_mutex_lock(&mw->lock);
+	/* IBTA 10.6.7.2.5: only a valid type 2 window, in the QP's PD and
+	 * bound through that QP, can be invalidated. */
+	if (mw->ibv.type != IBV_MW_TYPE_2 || mw->state != URSA_MW_VALID ||
+	    mw->pd != pd || mw->qpn != qpn)
+		ret = -EINVAL;
+	else
+		mw_unbind_locked(mw, URSA_MW_FREE);
+	pthread_mutex_unlock(&mw->lock);
+	ursa_keyed_put(k);
+	return ret;
+}

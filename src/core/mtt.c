@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: MIT
+/*
+ * mtt.c - building and searching translation tables (see mtt.h).
+ *
+ * Telling a transparent huge page apart from 512 small ones needs the page
+ * flags: with CAP_SYS_ADMIN /proc/self/pagemap gives the frame number and
+ * /proc/kpageflags its THP bit. Without it, smaps only says how many bytes of
+ * a mapping are huge; when that equals every aligned 2 MiB block of the
+ * mapping the answer is still exact, otherwise ursa stays conservative and
+ * lists 4 KiB entries.
+ */
+#include "mtt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define BASE_SHIFT 12
+#define THP_SHIFT 21
+#define THP_SIZE (1ul << THP_SHIFT)
+#define KPF_THP 22
+
+static int grow(struct ursa_mtt *m, uint32_t *cap)
+{
+	struct ursa_mtt_entry *n;
+	uint32_t c = *cap ? *cap * 2 : 64;
+
+	n = realloc(m->e, (size_t)c * sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	m->e = n;
+	*cap = c;
+	return 0;
+}
+
+static int push(struct ursa_mtt *m, uint32_t *cap, uintptr_t va, uint32_t sh)
+{
+	if (m->n == *cap && grow(m, cap))
+		return -ENOMEM;
+	m->e[m->n].va = va;
+	m->e[m->n].shift = sh;
+	m->n++;
+	if (sh > BASE_SHIFT)
+		m->huge++;
+	return 0;
+}
+
+/* Whole aligned 2 MiB blocks of a VMA. */
+static uint64_t thp_capacity(const struct ursa_vma *v)
+{
+	uintptr_t a = (v->start + THP_SIZE - 1) & ~(THP_SIZE - 1);
+	uintptr_t b = v->end & ~(THP_SIZE - 1);
+
+	return b > a ? b - a : 0;
+}
+
+int ursa_mtt_build(struct ursa_mtt *m, uintptr_t start, uintptr_t end,
+		   const struct ursa_vma *vmas, size_t nvmas,
+		   ursa_thp_probe_fn probe)
+{
+	uint32_t cap = 0;
+	uintptr_t va = start;
+
+	memset(m, 0, sizeof(*m));
+	while (va < end) {
+		const struct ursa_vma *v = NULL;
+		uint32_t sh = BASE_SHIFT;
+
+		for (size_t i = 0; i < nvmas; i++)
+			if (vmas[i].start <= va && va < vmas[i].end) {
+				v = &vmas[i];
+				break;
+			}
+		if (v && v->kernel_page_shift > BASE_SHIFT) {
+			sh = v->kernel_page_shift;
+			va &= ~((1ul << sh) - 1);
+		} else if (v && v->anon_huge_bytes && !(va & (THP_SIZE - 1)) &&
+			   va + THP_SIZE <= v->end) {
+			int huge = probe ? probe(va) : -1;
+
+			if (huge < 0)
+				huge = v->anon_huge_bytes >= thp_capacity(v);
+			if (huge)
+				sh = THP_SHIFT;
+		}
+		if (push(m, &cap, va, sh)) {
+			ursa_mtt_free(m);
+			return -ENOMEM;
+		}
+		va += 1ul << sh;
+	}
+	return 0;
+}
+
+static int kpageflags_probe(uintptr_t va)
+{
+	static int no_access;
+	uint64_t ent, flags;
+	int fd, ret = -1;
+
+	if (no_access)
+		return -1;
+	fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		goto deny;
+	if (pread(fd, &ent, 8, (off_t)(va >> BASE_SHIFT) * 8) != 8) {
+		close(fd);
+		return -1;
+	}
+	close(fd);
+	/* Bit 63: present; bits 0-54: PFN, zero without CAP_SYS_ADMIN. */
+	if (!(ent >> 63))
+		return -1;
+	if (!(ent & ((1ull << 55) - 1)))
+		goto deny;
+	fd = open("/proc/kpageflags", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		goto deny;
+	if (pread(fd, &flags, 8, (off_t)(ent & ((1ull << 55) - 1)) * 8) == 8)
+		ret = (flags >> KPF_THP) & 1;
+	close(fd);
+	return ret;
+deny:
+	no_access = 1;
+	return -1;
+}
+
+int ursa_mtt_build_self(struct ursa_mtt *m, uintptr_t start, uintptr_t end)
+{
+	struct ursa_vma *vmas = NULL, *cur = NULL;
+	size_t n = 0, cap = 0;
+	char line[512];
+	FILE *f;
+	int ret;
+
+	f = fopen("/proc/self/smaps", "re");
+	if (!f)
+		return ursa_mtt_build(m, start, end, NULL, 0, NULL);
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long a, b, kb;
+
+		if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') &&
+		    line[0] != ' ' && strncmp(line, "VmFlags", 7)) {
+			cur = NULL;
+			if (b <= start || a >= end)
+				continue;
+			if (n == cap) {
+				struct ursa_vma *nv;
+
+				cap = cap ? cap * 2 : 8;
+				nv = realloc(vmas, cap * sizeof(*nv));
+				if (!nv) {
+					fclose(f);
+					free(vmas);
+					return -ENOMEM;
+				}
+				vmas = nv;
+			}
+			cur = &vmas[n++];
+			memset(cur, 0, sizeof(*cur));
+			cur->start = a;
+			cur->end = b;
+			cur->kernel_page_shift = BASE_SHIFT;
+		} else if (cur && sscanf(line, "KernelPageSize: %lu kB", &kb) == 1) {
+			uint32_t sh = 10;
+
+			while ((1ul << sh) < kb * 1024)
+				sh++;
+			cur->kernel_page_shift = sh;
+		} else if (cur && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) {
+			cur->anon_huge_bytes = (uint64_t)kb * 1024;
+		}
+	}
+	fclose(f);
+	ret = ursa_mtt_build(m, start, end, vmas, n, kpageflags_probe);
+	free(vmas);
+	return ret;
+}
+
+void ursa_mtt_free(struct ursa_mtt *m)
+{
+	free(m->e);
+	memset(m, 0, sizeof(*m));
+}
+
+long ursa_mtt_lookup(const struct ursa_mtt *m, uintptr_t va)
+{
+	long lo = 0, hi = (long)m->n - 1;
+
+	while (lo <= hi) {
+		long mid = lo + (hi - lo) / 2;
+		const struct ursa_mtt_entry *e = &m->e[mid];
+
+		if (va < e->va)
+			hi = mid - 1;
+		else if (va >= e->va + (1ul << e->shift))
+			lo = mid + 1;
+		else
+			return mid;
+	}
+	return -1;
+}

@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pin.h - reference-counted pinning of page ranges.
+ *
+ * mlock() does not count: two MRs over the same page share one lock, and one
+ * munlock() would unpin the page under the other MR. The pin map keeps a
+ * sorted list of disjoint page ranges, each with the number of MRs that cover
+ * it, and calls lock() only for pages going from 0 to 1 and unlock() for pages
+ * going from 1 to 0. It also accounts pinned bytes against RLIMIT_MEMLOCK the
+ * way the kernel's ib_umem does: the limit applies unless the process has
+ * CAP_IPC_LOCK.
+ *
+ * The lock and unlock operations are function pointers so that unit tests can
+ * run the map without touching real memory.
+ */
+#ifndef URSA_PIN_H
+#define URSA_PIN_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct ursa_pin_seg {
+	uintptr_t start, end; /* [start, end), page aligned */
+	uint32_t count;
+};
+
+struct ursa_pin_ops {
+	int (*lock)(uintptr_t start, size_t len);   /* 0 or -errno */
+	void (*unlock)(uintptr_t start, size_t len);
+};
+
+struct ursa_pinmap {
+	pthread_mutex_t mu;
+	struct ursa_pin_seg *segs;
+	size_t nsegs, cap;
+	uint64_t pinned;	/* bytes with count >= 1 */
+	uint64_t limit;		/* bytes; UINT64_MAX for none */
+	const struct ursa_pin_ops *ops;
+};
+
+void ursa_pinmap_init(struct ursa_pinmap *pm, const struct ursa_pin_ops *ops,
+		      uint64_t limit);
+void ursa_pinmap_fini(struct ursa_pinmap *pm);
+/* Pin [start, end): returns 0, -ENOMEM when the limit would be exceeded
+ * (*newly set to the bytes that would have been added), or lock()'s error. */
+int ursa_pin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end,
+	     uint64_t *newly);
+void ursa_unpin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);
+uint64_t ursa_pinned_bytes(struct ursa_pinmap *pm);
+
+#endif

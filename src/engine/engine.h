@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine.h - the progress engine and the protocol roles it runs.
+ *
+ * Each context has one engine thread. It consumes the send queues of the
+ * context's QPs (req.c, the requester), hands each request to a transport,
+ * and the transport delivers it to the responder of the target QP (resp.c),
+ * which checks and executes it against the target's memory and receive
+ * queue and answers like an RC responder would: ACK, RNR NAK, one of the
+ * NAK codes of IBTA 9.7.5.2.4, or nothing (a dropped packet). The requester
+ * turns the answer into a completion, a retry after the RNR timer or the
+ * local ACK timeout, or an error completion plus the QP state change the
+ * spec requires.
+ *
+ * The request is transport neutral: the loop transport passes it by pointer
+ * to a QP of the same process; the shared-memory and UDP transports of the
+ * later milestones marshal the same fields.
+ */
+#ifndef URSA_ENGINE_H
+#define URSA_ENGINE_H
+
+#include "../core/core.h"
+
+struct ursa_engine {
+	struct ursa_ctx *ctx;
+	pthread_t thr;
+	int efd;		/* doorbell: an eventfd */
+	atomic_int sleeping;	/* 1 while blocked (or about to block) */
+	atomic_int stop;
+	atomic_uint_fast64_t wakeups, doorbells;
+	uint64_t spin_ns;
+};
+
+int ursa_engine_start(struct ursa_ctx *ctx);
+void ursa_engine_stop(struct ursa_ctx *ctx);
+/* Doorbell: wakes the engine if (and only if) it sleeps. */
+void ursa_engine_kick(struct ursa_engine *e);
+
+/* A scatter/gather element already translated to process memory. */
+struct ursa_sg {
+	uintptr_t va;
+	uint64_t len;
+};
+
+enum ursa_ack {
+	URSA_ACK = 0,
+	URSA_NAK_RNR,		/* receiver not ready: retry after timer */
+	URSA_NAK_INV_REQ,	/* invalid request */
+	URSA_NAK_ACCESS,	/* remote access error */
+	URSA_NAK_OP_ERR,	/* remote operational error */
+	URSA_DROPPED,		/* silently dropped: no answer at all */
+};
+
+struct ursa_req {
+	uint32_t opcode;	/* enum ibv_wr_opcode */
+	enum ibv_qp_type type;
+	uint32_t src_qpn;
+	uint32_t qkey;		/* UD */
+	union ibv_gid sgid, dgid;
+	uint8_t traffic_class, hop_limit;
+	uint32_t flow_label;
+	uint64_t remote_addr;
+	uint32_t rkey;
+	uint64_t len;		/* message length */
+	const struct ursa_sg *src; /* payload (SEND, WRITE) */
+	uint32_t nsrc;
+	const struct ursa_sg *dst; /* READ response target */
+	uint32_t ndst;
+	uint32_t imm;		/* imm data (BE) or rkey to invalidate */
+	bool has_imm, invalidate, solicited;
+	uint64_t compare_add, swap;
+};
+
+struct ursa_resp {
+	enum ursa_ack ack;
+	uint8_t rnr_timer;	/* responder's min_rnr_timer, for RNR */
+	uint64_t atomic_orig;
+	const char *why;	/* which check refused, for logs */
+};
+
+/* resp.c: execute req on the target QP. */
+void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *req,
+		       struct ursa_resp *resp);
+/* req.c: run a QP's send queue; returns WQEs processed, lowers *deadline
+ * to the earliest time a deferred WQE becomes due. */
+int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);
+/* Whether the QP has work the engine can do now. */
+bool ursa_req_pending(struct ursa_qp *qp, uint64_t now);
+
+/* Copy len bytes from src to dst lists; the last byte is stored last with
+ * release ordering, so a reader spinning on it sees the whole message. */
+void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
+		  const struct ursa_sg *src, uint32_t nsrc, uint64_t len);
+
+/* RNR timer and ACK timeout encodings (IBTA 9.7.5.2.8, 9.7.6.1.3). */
+uint64_t ursa_rnr_timer_ns(uint8_t code);
+uint64_t ursa_ack_timeout_ns(uint8_t code);
+
+/* transport/loop.c: in-process QPN registry and delivery. */
+int ursa_loop_add(struct ursa_qp *qp);
+void ursa_loop_del(struct ursa_qp *qp);
+/* Target QP for (dgid, qpn) with a reference, or NULL when unreachable. */
+struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn);
+void ursa_loop_put(struct ursa_qp *qp);
+
+#endif

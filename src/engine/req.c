@@ -1,0 +1,406 @@
+// SPDX-License-Identifier: MIT
+/*
+ * req.c - the requester and completer: runs a QP's send queue in order.
+ *
+ * For each WQE at the head of the send queue: local operations (bind,
+ * local invalidate) run here; everything else has its local SGEs checked
+ * (lkey, PD, bounds, local write for READ and atomic results), is turned
+ * into a transport-neutral request and handed to the target's responder.
+ * The answer decides what happens to the WQE (IBTA 9.7.5.2, 9.9.3):
+ *   ACK          -> success completion (if signaled)
+ *   RNR NAK      -> retry after the responder's RNR timer, rnr_retry times
+ *                   (7 = forever), then IBV_WC_RNR_RETRY_EXC_ERR
+ *   no answer    -> retry after the local ACK timeout, retry_cnt times,
+ *                   then IBV_WC_RETRY_EXC_ERR (RC only; UC/UD never know)
+ *   NAK          -> REM_ACCESS_ERR / REM_INV_REQ_ERR / REM_OP_ERR
+ * An error completion moves an RC QP to ERR, a UC/UD QP to SQE, and every
+ * WQE behind it is flushed with IBV_WC_WR_FLUSH_ERR.
+ *
+ * Execution is in order and one WQE at a time, so fences (IBV_SEND_FENCE)
+ * and the ordering of READ/atomic results against later WQEs hold by
+ * construction.
+ */
+#include "engine.h"
+
+#include <string.h>
+
+#define BATCH 32
+
+static const uint32_t rnr_us100[32] = {
+	/* IBTA table 45, in units of 10 us; 0 means 655.36 ms. */
+	65536, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192,
+	256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
+	16384, 24576, 32768, 49152,
+};
+
+uint64_t ursa_rnr_timer_ns(uint8_t code)
+{
+	return (uint64_t)rnr_us100[code & 31] * 10000ull;
+}
+
+uint64_t ursa_ack_timeout_ns(uint8_t code)
+{
+	/* 4.096 us * 2^timeout; 0 means "infinite" (IBTA 9.7.6.1.3). */
+	if (!code)
+		return UINT64_MAX;
+	return 4096ull << MIN(code, 31);
+}
+
+void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
+		  const struct ursa_sg *src, uint32_t nsrc, uint64_t len)
+{
+	uint32_t di = 0, si = 0;
+	uint64_t doff = 0, soff = 0;
+	uint8_t *lastp = NULL, lastv = 0;
+
+	if (!len)
+		return;
+	while (len && di < ndst && si < nsrc) {
+		uint64_t d = dst[di].len - doff, s = src[si].len - soff;
+		uint64_t n = MIN(MIN(d, s), len);
+		uint8_t *dp = (uint8_t *)dst[di].va + doff;
+		const uint8_t *sp = (const uint8_t *)src[si].va + soff;
+
+		if (n == len) {
+			/* Hold the final byte back. */
+			if (n > 1)
+				memcpy(dp, sp, n - 1);
+			lastp = dp + n - 1;
+			lastv = sp[n - 1];
+		} else if (n) {
+			memcpy(dp, sp, n);
+		}
+		len -= n;
+		doff += n;
+		soff += n;
+		if (doff == dst[di].len) {
+			di++;
+			doff = 0;
+		}
+		if (soff == src[si].len) {
+			si++;
+			soff = 0;
+		}
+	}
+	/* Release: every other byte of the message is visible before the
+	 * last one, for readers that spin on it (perftest's latency tests). */
+	if (lastp)
+		__atomic_store_n(lastp, lastv, __ATOMIC_RELEASE);
+}
+
+static enum ibv_wc_opcode wc_opcode(uint32_t op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+	case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+	case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+	case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
+	case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
+	default: return IBV_WC_SEND;
+	}
+}
+
+static uint64_t wqe_len(const struct ursa_send_wqe *w)
+{
+	uint64_t n = 0;
+
+	if (w->flags & IBV_SEND_INLINE)
+		return w->inline_len;
+	for (uint32_t i = 0; i < w->num_sge; i++)
+		n += w->sge[i].length;
+	return n;
+}
+
+static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
+		     enum ibv_wc_status st)
+{
+	struct ibv_wc wc = { 0 };
+
+	if (st == IBV_WC_SUCCESS && !(w->flags & IBV_SEND_SIGNALED) &&
+	    !qp->sq_sig_all)
+		return;
+	wc.wr_id = w->wr_id;
+	wc.status = st;
+	wc.opcode = wc_opcode(w->opcode);
+	wc.qp_num = qp->ex.qp_base.qp_num;
+	if (w->opcode == IBV_WR_RDMA_READ)
+		wc.byte_len = (uint32_t)wqe_len(w);
+	else if (w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		 w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+		wc.byte_len = 8;
+	if (ursa_cq_push(qp->scq, &wc, true) == -ENOSPC) {
+		ursa_qp_to_error(qp, false);
+		ursa_async_event(qp->ctx, IBV_EVENT_QP_FATAL,
+				 &qp->ex.qp_base);
+	}
+}
+
+/* Outcome of one attempt at a WQE. */
+struct attempt {
+	int done;		/* 1: complete with status; 0: retry at time */
+	enum ibv_wc_status st;
+	uint64_t retry_at;
+};
+
+static void local_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		     struct attempt *a)
+{
+	a->done = 1;
+	if (w->opcode == IBV_WR_BIND_MW) {
+		a->st = ursa_mw_bind(qp, w->mw, w->mw_new_rkey, &w->bind);
+	} else { /* LOCAL_INV */
+		a->st = ursa_invalidate(qp->pd, qp->ex.qp_base.qp_num, w->imm) ?
+				IBV_WC_LOC_QP_OP_ERR : IBV_WC_SUCCESS;
+	}
+}
+
+/* Map local SGEs; need is IBV_ACCESS_LOCAL_WRITE when data lands there. */
+static int map_local(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		     unsigned int need, struct ursa_sg *sg,
+		     struct ursa_mem_ref *refs, uint32_t *nsg)
+{
+	uint32_t n = 0;
+
+	if (w->flags & IBV_SEND_INLINE) {
+		sg[0].va = (uintptr_t)w->inline_data;
+		sg[0].len = w->inline_len;
+		refs[0].k = NULL;
+		*nsg = 1;
+		return 0;
+	}
+	for (uint32_t i = 0; i < w->num_sge; i++) {
+		int e;
+
+		refs[i].k = NULL;
+		if (!w->sge[i].length)
+			continue;
+		e = ursa_mem_local(qp->pd, &w->sge[i], need, &refs[i]);
+		if (e) {
+			ursa_dbg("qp %u wr_id %llu: local SGE %u refused: %s",
+				 qp->ex.qp_base.qp_num,
+				 (unsigned long long)w->wr_id, i,
+				 ursa_mem_err_str(e));
+			for (uint32_t j = 0; j < i; j++)
+				ursa_mem_put(&refs[j]);
+			return e;
+		}
+		sg[n].va = refs[i].va;
+		sg[n].len = w->sge[i].length;
+		n++;
+	}
+	*nsg = n;
+	return 0;
+}
+
+static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		      uint64_t now, struct attempt *a)
+{
+	struct ursa_device *dev = ursa_device_get();
+	bool rc = qp->ex.qp_base.qp_type == IBV_QPT_RC;
+	bool ud = qp->ex.qp_base.qp_type == IBV_QPT_UD;
+	bool rd = w->opcode == IBV_WR_RDMA_READ;
+	bool at = w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	struct ursa_mem_ref refs[URSA_MAX_SGE];
+	struct ursa_sg sg[URSA_MAX_SGE];
+	const struct ibv_ah_attr *av = ud ? &w->av : &qp->attr.ah_attr;
+	struct ursa_req r = { 0 };
+	struct ursa_resp resp;
+	struct ursa_qp *t;
+	uint32_t nsg = 0;
+	uint64_t len = wqe_len(w);
+	uint64_t orig_le;
+	int e;
+
+	a->done = 1;
+	if (len > URSA_MAX_MSG_SZ) {
+		a->st = IBV_WC_LOC_LEN_ERR;
+		return;
+	}
+	if (ud && len > (uint64_t)ursa_mtu_bytes(dev->active_mtu)) {
+		a->st = IBV_WC_LOC_LEN_ERR;
+		return;
+	}
+	if (at && w->num_sge && len != 8) {
+		a->st = IBV_WC_LOC_LEN_ERR;
+		return;
+	}
+	e = map_local(qp, w, (rd || at) ? IBV_ACCESS_LOCAL_WRITE : 0, sg, refs,
+		      &nsg);
+	if (e) {
+		a->st = IBV_WC_LOC_PROT_ERR;
+		return;
+	}
+	r.opcode = w->opcode;
+	r.type = qp->ex.qp_base.qp_type;
+	r.src_qpn = qp->ex.qp_base.qp_num;
+	r.remote_addr = w->remote_addr;
+	r.rkey = w->rkey;
+	r.len = at ? 8 : len;
+	r.compare_add = w->compare_add;
+	r.swap = w->swap;
+	r.imm = w->imm;
+	r.has_imm = w->opcode == IBV_WR_SEND_WITH_IMM ||
+		    w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	r.invalidate = w->opcode == IBV_WR_SEND_WITH_INV;
+	r.solicited = w->flags & IBV_SEND_SOLICITED;
+	if (rd) {
+		r.dst = sg;
+		r.ndst = nsg;
+	} else if (!at) {
+		r.src = sg;
+		r.nsrc = nsg;
+	}
+	if (av->grh.sgid_index < dev->ngids)
+		r.sgid = dev->gids[av->grh.sgid_index].gid;
+	r.dgid = av->grh.dgid;
+	r.traffic_class = av->grh.traffic_class;
+	r.hop_limit = av->grh.hop_limit;
+	r.flow_label = av->grh.flow_label;
+	if (ud) {
+		/* IBTA 10.2.5: a WR Q_Key with the high bit set means "use
+		 * the QP's own Q_Key". */
+		r.qkey = (w->remote_qkey & 0x80000000u) ? qp->attr.qkey :
+							   w->remote_qkey;
+	}
+	t = ursa_loop_get(&av->grh.dgid,
+			  ud ? w->remote_qpn : qp->attr.dest_qp_num);
+	if (t) {
+		ursa_resp_execute(t, &r, &resp);
+		ursa_loop_put(t);
+	} else {
+		memset(&resp, 0, sizeof(resp));
+		resp.ack = URSA_DROPPED;
+		resp.why = "destination unreachable";
+	}
+	for (uint32_t i = 0; i < (w->flags & IBV_SEND_INLINE ? 0 : w->num_sge); i++)
+		ursa_mem_put(&refs[i]);
+
+	switch (resp.ack) {
+	case URSA_ACK:
+		a->st = IBV_WC_SUCCESS;
+		if (at && nsg) {
+			/* The original value lands in the local SGE (host
+			 * byte order, as the verbs API defines it). */
+			struct ursa_mem_ref ref;
+
+			orig_le = resp.atomic_orig;
+			if (!ursa_mem_local(qp->pd, &w->sge[0],
+					    IBV_ACCESS_LOCAL_WRITE, &ref)) {
+				memcpy((void *)ref.va, &orig_le, 8);
+				ursa_mem_put(&ref);
+			} else {
+				a->st = IBV_WC_LOC_PROT_ERR;
+			}
+		}
+		if (!rd && !at)
+			atomic_fetch_add(&qp->cnt.tx_bytes, len);
+		if (w->opcode == IBV_WR_SEND || r.has_imm || r.invalidate)
+			atomic_fetch_add(&qp->cnt.sends, 1);
+		return;
+	case URSA_NAK_RNR:
+		if (qp->attr.rnr_retry != 7) {
+			if (!w->rnr_left) {
+				a->st = IBV_WC_RNR_RETRY_EXC_ERR;
+				return;
+			}
+			w->rnr_left--;
+		}
+		a->done = 0;
+		a->retry_at = now + ursa_rnr_timer_ns(resp.rnr_timer);
+		return;
+	case URSA_NAK_INV_REQ:
+		a->st = IBV_WC_REM_INV_REQ_ERR;
+		break;
+	case URSA_NAK_ACCESS:
+		a->st = IBV_WC_REM_ACCESS_ERR;
+		break;
+	case URSA_NAK_OP_ERR:
+		a->st = IBV_WC_REM_OP_ERR;
+		break;
+	case URSA_DROPPED:
+		if (!rc) {
+			/* UC and UD: the requester never learns. */
+			a->st = IBV_WC_SUCCESS;
+			return;
+		}
+		if (!w->retry_left) {
+			a->st = IBV_WC_RETRY_EXC_ERR;
+			break;
+		}
+		w->retry_left--;
+		atomic_fetch_add(&qp->cnt.retries, 1);
+		a->done = 0;
+		a->retry_at = ursa_ack_timeout_ns(qp->attr.timeout);
+		a->retry_at = a->retry_at == UINT64_MAX ? UINT64_MAX :
+							  now + a->retry_at;
+		return;
+	}
+	ursa_dbg("qp %u wr_id %llu: %s (%s)", qp->ex.qp_base.qp_num,
+		 (unsigned long long)w->wr_id, ibv_wc_status_str(a->st),
+		 resp.why ? resp.why : "");
+}
+
+bool ursa_req_pending(struct ursa_qp *qp, uint64_t now)
+{
+	int st = qp_state(qp);
+	struct ursa_send_wqe *w;
+
+	if (!ursa_ring_ready(&qp->sq))
+		return false;
+	if (st == IBV_QPS_ERR || st == IBV_QPS_SQE)
+		return true;
+	if (st != IBV_QPS_RTS)
+		return false;
+	w = ursa_ring_peek(&qp->sq);
+	return !w->started || w->not_before_ns <= now;
+}
+
+int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
+{
+	int done = 0;
+
+	while (done < BATCH && ursa_ring_ready(&qp->sq)) {
+		struct ursa_send_wqe *w = ursa_ring_peek(&qp->sq);
+		int st = qp_state(qp);
+		struct attempt a = { 0 };
+
+		if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
+			complete(qp, w, IBV_WC_WR_FLUSH_ERR);
+			ursa_ring_consume(&qp->sq, 1);
+			done++;
+			continue;
+		}
+		if (st != IBV_QPS_RTS)
+			break;	/* SQD: hold new work until resumed */
+		if (!w->started) {
+			w->started = true;
+			w->rnr_left = qp->attr.rnr_retry;
+			w->retry_left = qp->attr.retry_cnt;
+		} else if (w->not_before_ns > now) {
+			if (w->not_before_ns < *deadline)
+				*deadline = w->not_before_ns;
+			break;
+		}
+		if (w->opcode == IBV_WR_BIND_MW || w->opcode == IBV_WR_LOCAL_INV)
+			local_op(qp, w, &a);
+		else
+			remote_op(qp, w, now, &a);
+		if (!a.done) {
+			w->not_before_ns = a.retry_at;
+			if (a.retry_at < *deadline)
+				*deadline = a.retry_at;
+			break;
+		}
+		complete(qp, w, a.st);
+		ursa_ring_consume(&qp->sq, 1);
+		done++;
+		if (a.st != IBV_WC_SUCCESS) {
+			atomic_fetch_add(&qp->cnt.errors, 1);
+			ursa_qp_to_error(qp, qp->ex.qp_base.qp_type != IBV_QPT_RC);
+		}
+	}
+	return done;
+}

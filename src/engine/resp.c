@@ -1,0 +1,454 @@
+// SPDX-License-Identifier: MIT
+/*
+ * resp.c - the responder: checks and executes an incoming request on the
+ * target QP (IBTA 9.7.5 "Responder side behavior").
+ *
+ * Order of checks, as a responder must make them before touching memory:
+ * QP state and transport type, Q_Key (UD), opcode against the QP's
+ * access flags, the rkey (through ursa_mem_remote: key, PD, bounds, rights),
+ * alignment of atomics, then a receive WQE for SENDs and WRITE with
+ * immediate, and that the message fits the WQE's buffers. Only when every
+ * check passed is memory written. On RC the answer is an ACK or a NAK and
+ * the error classes of IBTA 9.9.3.1 move the responder QP to ERR with the
+ * affiliated async event; UC and UD drop silently (IBTA 9.8.3, 9.8.4).
+ */
+#include "engine.h"
+
+#include <arpa/inet.h>
+#include <string.h>
+
+static uint16_t ip_csum(const uint8_t *h, int len)
+{
+	uint32_t s = 0;
+
+	for (int i = 0; i < len; i += 2)
+		s += (uint32_t)(h[i] << 8 | h[i + 1]);
+	while (s >> 16)
+		s = (s & 0xffff) + (s >> 16);
+	return (uint16_t)~s;
+}
+
+static bool v4mapped(const union ibv_gid *g)
+{
+	static const uint8_t pfx[12] = { [10] = 0xff, [11] = 0xff };
+
+	return !memcmp(g->raw, pfx, 12);
+}
+
+/* The 40 bytes a UD receive buffer starts with: an IPv6 header, or for
+ * IPv4 RoCEv2 20 undefined bytes then the IPv4 header (as RoCE NICs and rxe
+ * place it). */
+static void build_grh(uint8_t g[URSA_GRH_LEN], const struct ursa_req *r)
+{
+	uint32_t plen = 8 + 12 + 8 + (uint32_t)r->len + 4; /* UDP BTH DETH ICRC */
+
+	memset(g, 0, URSA_GRH_LEN);
+	if (v4mapped(&r->sgid) && v4mapped(&r->dgid)) {
+		uint8_t *h = g + 20;
+		uint16_t tot = (uint16_t)(20 + plen);
+
+		h[0] = 0x45;
+		h[1] = r->traffic_class;
+		h[2] = (uint8_t)(tot >> 8);
+		h[3] = (uint8_t)tot;
+		h[6] = 0x40; /* DF */
+		h[8] = r->hop_limit ? r->hop_limit : 64;
+		h[9] = 17;
+		memcpy(h + 12, r->sgid.raw + 12, 4);
+		memcpy(h + 16, r->dgid.raw + 12, 4);
+		uint16_t c = ip_csum(h, 20);
+
+		h[10] = (uint8_t)(c >> 8);
+		h[11] = (uint8_t)c;
+	} else {
+		uint32_t w = htonl(6u << 28 | (uint32_t)r->traffic_class << 20 |
+				   (r->flow_label & 0xfffff));
+
+		memcpy(g, &w, 4);
+		g[4] = (uint8_t)(plen >> 8);
+		g[5] = (uint8_t)plen;
+		g[6] = 17;
+		g[7] = r->hop_limit ? r->hop_limit : 64;
+		memcpy(g + 8, r->sgid.raw, 16);
+		memcpy(g + 24, r->dgid.raw, 16);
+	}
+}
+
+static bool can_receive(int st)
+{
+	return st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD ||
+	       st == IBV_QPS_SQE;
+}
+
+/* Responder-detected error on RC: the QP goes to ERR with an affiliated
+ * event (IBTA 11.6.3.2); the requester learns it from the NAK. */
+static void resp_fatal(struct ursa_qp *tqp, enum ibv_event_type ev)
+{
+	ursa_qp_to_error(tqp, false);
+	ursa_async_event(tqp->ctx, ev, &tqp->ex.qp_base);
+}
+
+static void recv_complete(struct ursa_qp *tqp, struct ursa_cq *cq,
+			  struct ibv_wc *wc, bool solicited)
+{
+	if (ursa_cq_push(cq, wc, solicited) == -ENOSPC) {
+		ursa_qp_to_error(tqp, false);
+		ursa_async_event(tqp->ctx, IBV_EVENT_QP_FATAL,
+				 &tqp->ex.qp_base);
+	}
+}
+
+/* Pop a receive WQE from the SRQ or RQ; the caller holds the queue lock. */
+static bool take_recv(struct ursa_qp *tqp, struct ursa_recv_wqe *out)
+{
+	struct ursa_rq *rq = tqp->srq ? &tqp->srq->rq : &tqp->rq;
+
+	if (!ursa_ring_ready(&rq->ring))
+		return false;
+	*out = *(struct ursa_recv_wqe *)ursa_ring_peek(&rq->ring);
+	ursa_ring_consume(&rq->ring, 1);
+	if (tqp->srq && tqp->srq->limit &&
+	    ursa_ring_ready(&rq->ring) < tqp->srq->limit) {
+		/* IBTA 10.2.9.2: the limit event fires once, then disarms. */
+		tqp->srq->limit = 0;
+		ursa_async_event(tqp->ctx, IBV_EVENT_SRQ_LIMIT_REACHED,
+				 &tqp->srq->ibv);
+	}
+	return true;
+}
+
+static pthread_mutex_t *recv_lock(struct ursa_qp *tqp)
+{
+	return tqp->srq ? &tqp->srq->lock : &tqp->rq_lock;
+}
+
+/* Validate a receive WQE's SGEs into sg[]; returns the buffer size or a
+ * negative ursa_mem_err. */
+static int64_t map_recv(struct ursa_qp *tqp, const struct ursa_recv_wqe *w,
+			struct ursa_sg *sg, struct ursa_mem_ref *refs)
+{
+	struct ursa_pd *pd = tqp->srq ? tqp->srq->pd : tqp->pd;
+	uint64_t total = 0;
+	uint32_t n = MIN(w->num_sge, (uint32_t)URSA_MAX_SGE);
+
+	for (uint32_t i = 0; i < n; i++) {
+		int e;
+
+		refs[i].k = NULL;
+		if (!w->sge[i].length) {
+			sg[i].va = 0;
+			sg[i].len = 0;
+			continue;
+		}
+		e = ursa_mem_local(pd, &w->sge[i], IBV_ACCESS_LOCAL_WRITE,
+				   &refs[i]);
+		if (e) {
+			for (uint32_t j = 0; j < i; j++)
+				ursa_mem_put(&refs[j]);
+			return e;
+		}
+		sg[i].va = refs[i].va;
+		sg[i].len = w->sge[i].length;
+		total += w->sge[i].length;
+	}
+	return (int64_t)total;
+}
+
+static void put_refs(struct ursa_mem_ref *refs, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		ursa_mem_put(&refs[i]);
+}
+
+/* SEND, SEND with immediate or invalidate, and the receive half of WRITE
+ * with immediate (data already placed; only the WQE is consumed). */
+static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
+		    struct ursa_resp *resp, bool write_imm)
+{
+	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
+	bool ud = tqp->ex.qp_base.qp_type == IBV_QPT_UD;
+	struct ursa_cq *cq = tqp->rcq;
+	struct ursa_mem_ref refs[URSA_MAX_SGE];
+	struct ursa_sg sg[URSA_MAX_SGE + 1];
+	struct ursa_recv_wqe w;
+	struct ibv_wc wc = { 0 };
+	uint8_t grh[URSA_GRH_LEN];
+	int64_t room;
+	uint64_t need = r->len + (ud ? URSA_GRH_LEN : 0);
+	pthread_mutex_t *lk = recv_lock(tqp);
+
+	pthread_mutex_lock(lk);
+	if (!take_recv(tqp, &w)) {
+		pthread_mutex_unlock(lk);
+		atomic_fetch_add(&tqp->cnt.rnr_naks, rc);
+		resp->ack = rc ? URSA_NAK_RNR : URSA_DROPPED;
+		resp->rnr_timer = tqp->attr.min_rnr_timer;
+		resp->why = "no receive WQE posted";
+		return;
+	}
+	wc.wr_id = w.wr_id;
+	wc.qp_num = tqp->ex.qp_base.qp_num;
+	wc.src_qp = r->src_qpn;
+	wc.opcode = write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+	wc.byte_len = (uint32_t)(write_imm ? r->len : need);
+	room = write_imm ? 0 : map_recv(tqp, &w, sg, refs);
+	if (room < 0) {
+		pthread_mutex_unlock(lk);
+		wc.status = IBV_WC_LOC_PROT_ERR;
+		resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
+		resp->why = ursa_mem_err_str((int)room);
+		goto fail;
+	}
+	if (!write_imm && (uint64_t)room < need) {
+		put_refs(refs, w.num_sge);
+		pthread_mutex_unlock(lk);
+		wc.status = IBV_WC_LOC_LEN_ERR;
+		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+		resp->why = "message longer than the receive buffers";
+		goto fail;
+	}
+	if (r->invalidate &&
+	    ursa_invalidate(tqp->pd, wc.qp_num, r->imm)) {
+		if (!write_imm)
+			put_refs(refs, w.num_sge);
+		pthread_mutex_unlock(lk);
+		wc.status = IBV_WC_REM_INV_REQ_ERR;
+		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+		resp->why = "rkey to invalidate is not a valid type 2 window of this QP";
+		goto fail;
+	}
+	if (!write_imm) {
+		uint32_t nsg = MIN(w.num_sge, (uint32_t)URSA_MAX_SGE);
+		const struct ursa_sg *dst = sg;
+
+		if (ud) {
+			/* The GRH goes first, then the payload. */
+			build_grh(grh, r);
+			struct ursa_sg g = { (uintptr_t)grh, URSA_GRH_LEN };
+
+			ursa_sg_copy(sg, nsg, &g, 1, URSA_GRH_LEN);
+			/* Advance the destination list by 40 bytes. */
+			uint64_t skip = URSA_GRH_LEN;
+			uint32_t i = 0;
+
+			while (i < nsg && skip >= sg[i].len)
+				skip -= sg[i++].len;
+			if (i < nsg) {
+				sg[i].va += skip;
+				sg[i].len -= skip;
+			}
+			dst = &sg[i];
+			nsg -= i;
+			wc.wc_flags |= IBV_WC_GRH;
+		}
+		ursa_sg_copy(dst, nsg, r->src, r->nsrc, r->len);
+		put_refs(refs, w.num_sge);
+	}
+	pthread_mutex_unlock(lk);
+	if (r->has_imm) {
+		wc.wc_flags |= IBV_WC_WITH_IMM;
+		wc.imm_data = r->imm;
+	} else if (r->invalidate) {
+		wc.wc_flags |= IBV_WC_WITH_INV;
+		wc.invalidated_rkey = r->imm;
+	}
+	atomic_fetch_add(&tqp->cnt.recvs, 1);
+	atomic_fetch_add(&tqp->cnt.rx_bytes, r->len);
+	recv_complete(tqp, cq, &wc, r->solicited);
+	resp->ack = URSA_ACK;
+	return;
+fail:
+	atomic_fetch_add(&tqp->cnt.errors, 1);
+	if (rc || wc.status != IBV_WC_LOC_LEN_ERR) {
+		/* The WQE completes in error and the QP goes to ERR (RC);
+		 * UC/UD drop the message and the WQE completes too. */
+		recv_complete(tqp, cq, &wc, true);
+		if (rc)
+			resp_fatal(tqp, wc.status == IBV_WC_LOC_PROT_ERR ?
+					IBV_EVENT_QP_ACCESS_ERR :
+					IBV_EVENT_QP_REQ_ERR);
+	} else {
+		/* UC/UD length error: the message is dropped and the WQE
+		 * completes with the error so the buffer is returned. */
+		recv_complete(tqp, cq, &wc, true);
+	}
+}
+
+static unsigned int need_for(uint32_t op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return IBV_ACCESS_REMOTE_WRITE;
+	case IBV_WR_RDMA_READ:
+		return IBV_ACCESS_REMOTE_READ;
+	default:
+		return IBV_ACCESS_REMOTE_ATOMIC;
+	}
+}
+
+static void nak(struct ursa_qp *tqp, struct ursa_resp *resp, enum ursa_ack a,
+		const char *why)
+{
+	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
+
+	atomic_fetch_add(&tqp->cnt.errors, 1);
+	resp->why = why;
+	if (!rc) {
+		resp->ack = URSA_DROPPED;
+		return;
+	}
+	resp->ack = a;
+	resp_fatal(tqp, a == URSA_NAK_ACCESS ? IBV_EVENT_QP_ACCESS_ERR :
+					       IBV_EVENT_QP_REQ_ERR);
+	ursa_dbg("qp %u: responder refused: %s", tqp->ex.qp_base.qp_num, why);
+}
+
+static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
+		    struct ursa_resp *resp)
+{
+	unsigned int need = need_for(r->opcode);
+	bool atomic = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		      r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	uint64_t len = atomic ? 8 : r->len;
+	struct ursa_mem_ref ref = { 0 };
+	int e;
+
+	if (!(tqp->attr.qp_access_flags & need)) {
+		nak(tqp, resp, URSA_NAK_ACCESS,
+		    "QP access flags do not permit the operation");
+		return;
+	}
+	if (atomic && (r->remote_addr & 7)) {
+		nak(tqp, resp, URSA_NAK_INV_REQ, "atomic address not 8-byte aligned");
+		return;
+	}
+	/* C9-88: a zero-length RDMA operation does not check the R_Key. */
+	if (len) {
+		e = ursa_mem_remote(tqp->pd, tqp->ex.qp_base.qp_num, r->rkey,
+				    r->remote_addr, len, need, &ref);
+		if (e) {
+			nak(tqp, resp, URSA_NAK_ACCESS, ursa_mem_err_str(e));
+			return;
+		}
+	}
+	if (r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+		/* The WQE must exist before the data is placed, or the RNR
+		 * retry would write twice (harmless) but also complete a
+		 * WRITE whose immediate never arrived. */
+		pthread_mutex_t *lk = recv_lock(tqp);
+		struct ursa_rq *rq = tqp->srq ? &tqp->srq->rq : &tqp->rq;
+		bool have;
+
+		pthread_mutex_lock(lk);
+		have = ursa_ring_ready(&rq->ring) > 0;
+		pthread_mutex_unlock(lk);
+		if (!have) {
+			ursa_mem_put(&ref);
+			if (tqp->ex.qp_base.qp_type == IBV_QPT_RC) {
+				atomic_fetch_add(&tqp->cnt.rnr_naks, 1);
+				resp->ack = URSA_NAK_RNR;
+				resp->rnr_timer = tqp->attr.min_rnr_timer;
+			} else {
+				resp->ack = URSA_DROPPED;
+			}
+			resp->why = "no receive WQE for WRITE with immediate";
+			return;
+		}
+	}
+	switch (r->opcode) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		if (len) {
+			struct ursa_sg d = { ref.va, len };
+
+			ursa_sg_copy(&d, 1, r->src, r->nsrc, len);
+		}
+		atomic_fetch_add(&tqp->cnt.writes, 1);
+		atomic_fetch_add(&tqp->cnt.rx_bytes, len);
+		break;
+	case IBV_WR_RDMA_READ:
+		if (len) {
+			struct ursa_sg s = { ref.va, len };
+
+			ursa_sg_copy(r->dst, r->ndst, &s, 1, len);
+		}
+		atomic_fetch_add(&tqp->cnt.reads, 1);
+		break;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		resp->atomic_orig = __atomic_fetch_add((uint64_t *)ref.va,
+						       r->compare_add,
+						       __ATOMIC_SEQ_CST);
+		atomic_fetch_add(&tqp->cnt.atomics, 1);
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP: {
+		uint64_t expect = r->compare_add;
+
+		__atomic_compare_exchange_n((uint64_t *)ref.va, &expect,
+					    r->swap, false, __ATOMIC_SEQ_CST,
+					    __ATOMIC_SEQ_CST);
+		resp->atomic_orig = expect;
+		atomic_fetch_add(&tqp->cnt.atomics, 1);
+		break;
+	}
+	}
+	ursa_mem_put(&ref);
+	resp->ack = URSA_ACK;
+	if (r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+		do_recv(tqp, r, resp, true);
+}
+
+void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *r,
+		       struct ursa_resp *resp)
+{
+	enum ibv_qp_type t = tqp->ex.qp_base.qp_type;
+
+	memset(resp, 0, sizeof(*resp));
+	/* Packets for a QP that cannot receive, or of another transport,
+	 * are dropped (IBTA 9.6.1.5.1, C9-44). */
+	if (!can_receive(qp_state(tqp)) || t != r->type) {
+		resp->ack = URSA_DROPPED;
+		resp->why = "target QP not ready to receive or of another type";
+		return;
+	}
+	if (t == IBV_QPT_UD) {
+		uint32_t mtu = (uint32_t)ursa_mtu_bytes(
+			ursa_device_get()->active_mtu);
+
+		if (r->qkey != tqp->attr.qkey) {
+			resp->ack = URSA_DROPPED;
+			resp->why = "Q_Key mismatch";
+			atomic_fetch_add(&tqp->cnt.errors, 1);
+			return;
+		}
+		if (r->len > mtu) {
+			resp->ack = URSA_DROPPED;
+			resp->why = "UD message longer than the MTU";
+			return;
+		}
+	}
+	switch (r->opcode) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_SEND_WITH_INV:
+		do_recv(tqp, r, resp, false);
+		break;
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		if (t == IBV_QPT_UD ||
+		    (t == IBV_QPT_UC && (r->opcode == IBV_WR_RDMA_READ ||
+					 r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+					 r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD))) {
+			nak(tqp, resp, URSA_NAK_INV_REQ,
+			    "operation not supported by the transport");
+			return;
+		}
+		do_rdma(tqp, r, resp);
+		break;
+	default:
+		nak(tqp, resp, URSA_NAK_INV_REQ, "unknown opcode");
+	}
+}

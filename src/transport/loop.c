@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: MIT
+/*
+ * loop.c - the in-process transport: QPN allocation and delivery to QPs of
+ * the same process (any context).
+ *
+ * QPNs are 24-bit, drawn at random and unique within the process; 0 and 1
+ * are reserved by IBTA for SMI/GSI. A requester resolves (destination GID,
+ * destination QPN): the GID must be one of this host's GIDs, and the QPN
+ * must name a live QP. The lookup takes a reference that keeps the target
+ * QP alive while the responder executes; ursa_qp_destroy removes the QP from
+ * the table and then waits for the references to drain.
+ */
+#include "../engine/engine.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NBUCKETS 4096
+
+struct bucket_ent {
+	struct ursa_qp *qp;
+	struct bucket_ent *next;
+};
+
+static pthread_rwlock_t tab_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct bucket_ent *buckets[NBUCKETS];
+
+static struct bucket_ent **bucket(uint32_t qpn)
+{
+	return &buckets[(qpn * 2654435761u) >> 20 & (NBUCKETS - 1)];
+}
+
+static struct ursa_qp *find_locked(uint32_t qpn)
+{
+	for (struct bucket_ent *e = *bucket(qpn); e; e = e->next)
+		if (e->qp->ex.qp_base.qp_num == qpn)
+			return e->qp;
+	return NULL;
+}
+
+int ursa_loop_add(struct ursa_qp *qp)
+{
+	struct bucket_ent *e = malloc(sizeof(*e));
+
+	if (!e)
+		return -ENOMEM;
+	pthread_rwlock_wrlock(&tab_lock);
+	for (;;) {
+		uint32_t qpn = (uint32_t)ursa_rand64() & 0xffffff;
+
+		if (qpn < 2 || find_locked(qpn))
+			continue;
+		qp->ex.qp_base.qp_num = qpn;
+		break;
+	}
+	e->qp = qp;
+	e->next = *bucket(qp->ex.qp_base.qp_num);
+	*bucket(qp->ex.qp_base.qp_num) = e;
+	pthread_rwlock_unlock(&tab_lock);
+	return 0;
+}
+
+void ursa_loop_del(struct ursa_qp *qp)
+{
+	struct bucket_ent **pp, *e = NULL;
+
+	pthread_rwlock_wrlock(&tab_lock);
+	for (pp = bucket(qp->ex.qp_base.qp_num); *pp; pp = &(*pp)->next)
+		if ((*pp)->qp == qp) {
+			e = *pp;
+			*pp = e->next;
+			break;
+		}
+	pthread_rwlock_unlock(&tab_lock);
+	free(e);
+	/* Acquire: pairs with ursa_loop_put's release, so the responder's
+	 * last touch of the QP happens before the caller frees it. */
+	while (atomic_load_explicit(&qp->refs, memory_order_acquire) > 0)
+		sched_yield();
+}
+
+static bool local_gid(const union ibv_gid *g)
+{
+	struct ursa_device *dev = ursa_device_get();
+
+	for (int i = 0; i < dev->ngids; i++)
+		if (!memcmp(dev->gids[i].gid.raw, g->raw, 16))
+			return true;
+	return false;
+}
+
+struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn)
+{
+	struct ursa_qp *qp;
+
+	if (!local_gid(dgid))
+		return NULL;
+	pthread_rwlock_rdlock(&tab_lock);
+	qp = find_locked(qpn & 0xffffff);
+	if (qp)
+		atomic_fetch_add_explicit(&qp->refs, 1, memory_order_relaxed);
+	pthread_rwlock_unlock(&tab_lock);
+	return qp;
+}
+
+void ursa_loop_put(struct ursa_qp *qp)
+{
+	atomic_fetch_sub_explicit(&qp->refs, 1, memory_order_release);
+}

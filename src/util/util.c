@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: MIT
+/*
+ * util.c - logging, environment parsing and the key/QPN random stream.
+ */
+#include "util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+static int log_level = -1;
+
+int ursa_log_level(void)
+{
+	if (log_level < 0)
+		log_level = (int)ursa_env_long("URSA_LOG", 0, 0, 9);
+	return log_level;
+}
+
+void ursa_log(int level, const char *fmt, ...)
+{
+	va_list ap;
+	char buf[512];
+
+	if (level > ursa_log_level())
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "ursa: %s\n", buf);
+}
+
+long ursa_env_long(const char *name, long def, long min, long max)
+{
+	const char *s = getenv(name);
+	char *end;
+	long v;
+
+	if (!s || !*s)
+		return def;
+	errno = 0;
+	v = strtol(s, &end, 0);
+	if (errno || *end || v < min || v > max) {
+		ursa_err("ignoring %s=%s (expected an integer in [%ld, %ld])",
+			 name, s, min, max);
+		return def;
+	}
+	return v;
+}
+
+/* xoshiro256** (Blackman and Vigna, public domain algorithm). */
+static pthread_mutex_t rand_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t rand_s[4];
+static pid_t rand_pid;
+
+static inline uint64_t rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+static void rand_seed(void)
+{
+	uint64_t seed[4] = { 0 };
+	ssize_t n = getrandom(seed, sizeof(seed), 0);
+
+	if (n != (ssize_t)sizeof(seed)) {
+		/* No entropy source: mix the clock and pid, never all-zero. */
+		seed[0] = ursa_now_ns() ^ 0x9e3779b97f4a7c15ull;
+		seed[1] = (uint64_t)getpid() * 0xbf58476d1ce4e5b9ull;
+		seed[2] = (uint64_t)(uintptr_t)&seed ^ 0x94d049bb133111ebull;
+		seed[3] = 1;
+	}
+	for (int i = 0; i < 4; i++)
+		rand_s[i] = seed[i];
+	rand_pid = getpid();
+}
+
+uint64_t ursa_rand64(void)
+{
+	uint64_t r, t;
+
+	pthread_mutex_lock(&rand_lock);
+	if (rand_pid != getpid())
+		rand_seed();
+	r = rotl(rand_s[1] * 5, 7) * 9;
+	t = rand_s[1] << 17;
+	rand_s[2] ^= rand_s[0];
+	rand_s[3] ^= rand_s[1];
+	rand_s[1] ^= rand_s[2];
+	rand_s[0] ^= rand_s[3];
+	rand_s[2] ^= t;
+	rand_s[3] = rotl(rand_s[3], 45);
+	pthread_mutex_unlock(&rand_lock);
+	return r;
+}

@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * util.h - small helpers shared by every layer: logging, clocks, the random
+ * generator behind keys and QPNs, container_of and friends.
+ *
+ * Logging goes to stderr and is controlled by URSA_LOG (0 = errors only,
+ * the default; 1 = info; 2 = debug). Messages carry the "ursa:" prefix so a
+ * user running an unmodified binary can tell where a line came from.
+ */
+#ifndef URSA_UTIL_H
+#define URSA_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define URSA_HIDDEN __attribute__((visibility("hidden")))
+#define URSA_EXPORT __attribute__((visibility("default")))
+
+#define container_of(ptr, type, member) \
+	((type *)((char *)(ptr) - offsetof(type, member)))
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+enum { URSA_LOG_ERR = 0, URSA_LOG_INFO = 1, URSA_LOG_DEBUG = 2 };
+
+void ursa_log(int level, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+int ursa_log_level(void);
+
+#define ursa_err(...) ursa_log(URSA_LOG_ERR, __VA_ARGS__)
+#define ursa_info(...) ursa_log(URSA_LOG_INFO, __VA_ARGS__)
+#define ursa_dbg(...) ursa_log(URSA_LOG_DEBUG, __VA_ARGS__)
+
+static inline uint64_t ursa_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline void ursa_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#else
+	__asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+/* Random numbers for keys and QPNs: a xoshiro256** stream seeded from
+ * getrandom(), reseeded after fork. Not for cryptography, but 32 fresh bits
+ * per key make a key unguessable from the ones handed out before it. */
+uint64_t ursa_rand64(void);
+
+/* Environment helpers: integer with default, bounded. */
+long ursa_env_long(const char *name, long def, long min, long max);
+
+#endif

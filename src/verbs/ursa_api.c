@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ursa_api.c - the ursa_* extensions declared in include/ursa/ursa.h.
+ */
+#include "verbs.h"
+
+#include <string.h>
+
+#include "../../include/ursa/ursa.h"
+
+#define EXPORT URSA_EXPORT
+
+EXPORT int ursa_mr_info(struct ibv_mr *ibmr, struct ursa_mr_info *info)
+{
+	struct ursa_mr *mr;
+	uint64_t bytes_huge = 0, bytes_small = 0;
+	uint64_t big = 4096;
+
+	if (!ibmr || !info)
+		return -EINVAL;
+	mr = to_umr(ibmr);
+	memset(info, 0, sizeof(*info));
+	info->addr = mr->addr;
+	info->iova = mr->iova;
+	info->length = mr->length;
+	info->lkey = ibmr->lkey;
+	info->rkey = ibmr->rkey;
+	info->access = mr->access;
+	info->entries = mr->mtt.n;
+	info->huge_entries = mr->mtt.huge;
+	for (uint32_t i = 0; i < mr->mtt.n; i++) {
+		uint64_t sz = 1ull << mr->mtt.e[i].shift;
+
+		if (sz > 4096) {
+			bytes_huge += sz;
+			big = MAX(big, sz);
+		} else {
+			bytes_small += sz;
+		}
+	}
+	info->page_size = bytes_huge > bytes_small ? big : 4096;
+	info->pages_4k = ((mr->addr + mr->length + 4095) / 4096) -
+			 (mr->addr / 4096);
+	info->pinned_bytes = mr->pin_end - mr->pin_start;
+	info->on_demand = mr->odp;
+	return 0;
+}
+
+EXPORT int ursa_mr_entry(struct ibv_mr *ibmr, uint32_t idx, uint64_t *va,
+			 uint64_t *page_size)
+{
+	struct ursa_mr *mr;
+
+	if (!ibmr)
+		return -EINVAL;
+	mr = to_umr(ibmr);
+	if (idx >= mr->mtt.n)
+		return -ERANGE;
+	if (va)
+		*va = mr->mtt.e[idx].va;
+	if (page_size)
+		*page_size = 1ull << mr->mtt.e[idx].shift;
+	return 0;
+}
+
+EXPORT int64_t ursa_pinned_total(void)
+{
+	struct ursa_device *dev = ursa_device_get();
+
+	return dev ? (int64_t)ursa_pinned_bytes(&dev->pins) : -ENODEV;
+}
+
+EXPORT int ursa_qp_stats(struct ibv_qp *ibqp, struct ursa_qp_stats *st)
+{
+	struct ursa_qp *qp;
+
+	if (!ibqp || !st)
+		return -EINVAL;
+	qp = to_uqp(ibqp);
+	memset(st, 0, sizeof(*st));
+	st->sends = atomic_load(&qp->cnt.sends);
+	st->recvs = atomic_load(&qp->cnt.recvs);
+	st->writes = atomic_load(&qp->cnt.writes);
+	st->reads = atomic_load(&qp->cnt.reads);
+	st->atomics = atomic_load(&qp->cnt.atomics);
+	st->tx_bytes = atomic_load(&qp->cnt.tx_bytes);
+	st->rx_bytes = atomic_load(&qp->cnt.rx_bytes);
+	st->rnr_naks = atomic_load(&qp->cnt.rnr_naks);
+	st->retries = atomic_load(&qp->cnt.retries);
+	st->errors = atomic_load(&qp->cnt.errors);
+	return 0;
+}
+
+EXPORT int ursa_engine_stats(struct ibv_context *c,
+			     struct ursa_engine_stats *st)
+{
+	struct ursa_engine *e;
+
+	if (!c || !st)
+		return -EINVAL;
+	e = to_uctx(c)->eng;
+	memset(st, 0, sizeof(*st));
+	if (!e)
+		return -ENODEV;
+	st->doorbells = atomic_load(&e->doorbells);
+	st->wakeups = atomic_load(&e->wakeups);
+	return 0;
+}
+
+EXPORT int ursa_port_set_state(struct ibv_context *c,
+			       enum ibv_port_state state)
+{
+	struct ursa_device *dev;
+
+	if (!c || (state != IBV_PORT_ACTIVE && state != IBV_PORT_DOWN))
+		return -EINVAL;
+	dev = to_uctx(c)->dev;
+	if (atomic_exchange(&dev->port_state, state) == (int)state)
+		return 0;
+	pthread_mutex_lock(&dev->ctx_lock);
+	for (struct ursa_ctx *x = dev->ctxs; x; x = x->next_ctx)
+		ursa_async_event(x, state == IBV_PORT_ACTIVE ?
+				       IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR,
+				 NULL);
+	pthread_mutex_unlock(&dev->ctx_lock);
+	return 0;
+}
+
+EXPORT const char *ursa_version(void)
+{
+	return "ursa " URSA_FW_VER;
+}
