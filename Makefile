@@ -67,8 +67,7 @@ UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c \
 	src/core/qpstate.c src/util/util.c
 $(BUILD)/tests/unit_%: tests/unit/%.c $(HARNESS) tests/harness.h $(UNIT_DEPS)
 	@mkdir -p $(dir $@)
-	$(CC) $(APP_CFLAGS) $< $(HARNESS) $(UNIT_DEPS) -o $@ $(LDFLAGS) \
-		-Wl,--unresolved-symbols=ignore-in-object-files
+	$(CC) $(APP_CFLAGS) $< $(HARNESS) $(UNIT_DEPS) -o $@ $(LDFLAGS)
 
 $(BUILD)/tests/func_%: tests/func/%.c $(HARNESS) tests/harness.h \
 		tests/func/common.h $(LIB) $(BUILD)/lib/libibverbs.so

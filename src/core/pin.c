@@ -137,6 +137,9 @@ int ursa_pin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end,
 
 			ret = pm->ops->lock(cur, gap_end - cur);
 			if (ret) {
+				/* mlock can fail after locking part of the
+				 * range: release that part too. */
+				pm->ops->unlock(cur, gap_end - cur);
 				/* Undo: unpin what this call pinned so far. */
 				pthread_mutex_unlock(&pm->mu);
 				if (cur > start)

@@ -158,6 +158,9 @@ int ursa_qp_transition_ok(enum ibv_qp_type type, enum ibv_qp_state cur,
 		return -EINVAL;
 	if (next == IBV_QPS_RESET || next == IBV_QPS_ERR)
 		return (mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE)) ? -EINVAL : 0;
+	/* RC has no SQE state: its send errors move it to ERR. */
+	if (cur == IBV_QPS_SQE && ti == T_RC)
+		return -EINVAL;
 	t = &table[cur][next];
 	if (!t->valid)
 		return -EINVAL;

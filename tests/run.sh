@@ -1,0 +1,29 @@
+#!/bin/sh
+# run.sh - run every test binary under a timeout and add up the results.
+# Ends with the line "N passed, N failed, N skipped"; exits 1 on any failure.
+BUILD=${BUILD:-build}
+export LD_LIBRARY_PATH="$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+pass=0; fail=0; skip=0; failed_bins=""
+for t in "$BUILD"/tests/unit_* "$BUILD"/tests/func_* tests/scripts/*.sh; do
+	[ -e "$t" ] || continue
+	case "$t" in *.sh) cmd="sh $t";; *) cmd="$t";; esac
+	echo "== $t"
+	out=$(BUILD="$BUILD" timeout 600 $cmd 2>&1); rc=$?
+	printf '%s\n' "$out"
+	line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
+	if [ -z "$line" ]; then
+		echo "FAIL $t: no result line (exit $rc)"
+		fail=$((fail + 1)); failed_bins="$failed_bins $t"; continue
+	fi
+	p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+	f=$(echo "$line" | sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/')
+	s=$(echo "$line" | sed -nE 's/.*, ([0-9]+) skipped.*/\1/p'); s=${s:-0}
+	pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+	if [ "$f" -ne 0 ] || { [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; }; then
+		[ "$f" -eq 0 ] && fail=$((fail + 1))
+		failed_bins="$failed_bins $t"
+	fi
+done
+[ -n "$failed_bins" ] && echo "Tests failed in:$failed_bins"
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

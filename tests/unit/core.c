@@ -1,0 +1,340 @@
+// SPDX-License-Identifier: MIT
+/*
+ * core.c (unit) - the pure modules: key table, pin map, translation
+ * tables, the QP state table and rings.
+ */
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "../harness.h"
+#include "../../src/core/core.h"
+
+static int test_keys_unique_random(void)
+{
+	struct ursa_keytab kt;
+	struct ursa_keyed objs[2000];
+	uint32_t keys[2000];
+	int seq_idx = 0, same_low = 0;
+
+	REQUIRE(ursa_keytab_init(&kt, 16) == 0);
+	for (int i = 0; i < 2000; i++) {
+		atomic_init(&objs[i].refs, 0);
+		REQUIRE(ursa_keytab_add(&kt, &objs[i], URSA_KEY_MR_LKEY, &keys[i]) == 0);
+		EXPECT_NE(keys[i] >> 8, 0);
+	}
+	for (int i = 0; i < 2000; i++)
+		for (int j = i + 1; j < 2000; j++)
+			if (keys[i] == keys[j] || (keys[i] >> 8) == (keys[j] >> 8))
+				harness_fail(__FILE__, __LINE__, "unique", "key %d == key %d", i, j);
+	/* Not predictable: consecutive keys are neither sequential in the
+	 * index nor sharing the key byte more than chance allows. */
+	for (int i = 1; i < 2000; i++) {
+		seq_idx += (keys[i] >> 8) == (keys[i - 1] >> 8) + 1;
+		same_low += (keys[i] & 0xff) == (keys[i - 1] & 0xff);
+	}
+	EXPECT_TRUE(seq_idx < 3);
+	EXPECT_TRUE(same_low < 30); /* expected ~8 */
+	for (int i = 0; i < 2000; i++) {
+		uint8_t kind;
+		struct ursa_keyed *o = ursa_keytab_get(&kt, keys[i], URSA_KEY_MR_LKEY, &kind);
+
+		EXPECT_TRUE(o == &objs[i]);
+		if (o)
+			ursa_keyed_put(o);
+		/* wrong kind, wrong key byte */
+		EXPECT_TRUE(ursa_keytab_get(&kt, keys[i], URSA_KEY_MW, NULL) == NULL);
+		EXPECT_TRUE(ursa_keytab_get(&kt, keys[i] ^ 1, URSA_KEY_MR_LKEY, NULL) == NULL);
+	}
+	ursa_keytab_fini(&kt);
+	return TEST_RESULT();
+}
+
+static int test_keys_revoked_and_quarantined(void)
+{
+	struct ursa_keytab kt;
+	struct ursa_keyed a, b;
+	uint32_t ka, kb, first;
+
+	atomic_init(&a.refs, 0);
+	atomic_init(&b.refs, 0);
+	REQUIRE(ursa_keytab_init(&kt, 64) == 0);
+	REQUIRE(ursa_keytab_add(&kt, &a, URSA_KEY_MR_RKEY, &ka) == 0);
+	first = ka;
+	EXPECT_EQ(ursa_keytab_del(&kt, ka), 0);
+	EXPECT_TRUE(ursa_keytab_get(&kt, ka, URSA_KEY_MR_RKEY, NULL) == NULL);
+	EXPECT_EQ(ursa_keytab_del(&kt, ka), -ENOENT);
+	/* Churn through many registrations: the freed index must not come
+	 * back while it is quarantined. */
+	for (unsigned i = 0; i < URSA_KEY_QUARANTINE - 10; i++) {
+		REQUIRE(ursa_keytab_add(&kt, &b, URSA_KEY_MR_RKEY, &kb) == 0);
+		EXPECT_NE(kb >> 8, first >> 8);
+		REQUIRE(ursa_keytab_del(&kt, kb) == 0);
+	}
+	EXPECT_TRUE(kt.cap < 65536); /* tombstones are bounded */
+	ursa_keytab_fini(&kt);
+	return TEST_RESULT();
+}
+
+static int test_keys_rekey(void)
+{
+	struct ursa_keytab kt;
+	struct ursa_keyed a;
+	uint32_t k, nk;
+	struct ursa_keyed *o;
+
+	atomic_init(&a.refs, 0);
+	REQUIRE(ursa_keytab_init(&kt, 64) == 0);
+	REQUIRE(ursa_keytab_add(&kt, &a, URSA_KEY_MW, &k) == 0);
+	nk = (k & ~0xffu) | ((k + 1) & 0xff);
+	EXPECT_EQ(ursa_keytab_rekey(&kt, k, nk), 0);
+	EXPECT_TRUE(ursa_keytab_get(&kt, k, URSA_KEY_MW, NULL) == NULL);
+	o = ursa_keytab_get(&kt, nk, URSA_KEY_MW, NULL);
+	EXPECT_TRUE(o == &a);
+	EXPECT_EQ(atomic_load(&a.refs), 1);
+	if (o)
+		ursa_keyed_put(o);
+	EXPECT_EQ(atomic_load(&a.refs), 0);
+	/* the index part may not change */
+	EXPECT_EQ(ursa_keytab_rekey(&kt, nk, nk ^ 0x100), -EINVAL);
+	ursa_keytab_fini(&kt);
+	return TEST_RESULT();
+}
+
+/* Pin map with a fake locker that records every page's lock count. */
+#define NPAGES 64
+static int locked[NPAGES];
+static int lock_fail_at = -1;
+
+static int fake_lock(uintptr_t s, size_t len)
+{
+	for (uintptr_t p = s / 4096; p < (s + len) / 4096; p++) {
+		if ((int)p == lock_fail_at)
+			return -EAGAIN;
+		locked[p]++;
+	}
+	return 0;
+}
+
+/* Like munlock, unlocking an unlocked page does nothing. */
+static void fake_unlock(uintptr_t s, size_t len)
+{
+	for (uintptr_t p = s / 4096; p < (s + len) / 4096; p++)
+		if (locked[p] > 0)
+			locked[p]--;
+}
+
+static const struct ursa_pin_ops fake_ops = { fake_lock, fake_unlock };
+#define PG(n) ((uintptr_t)(n) * 4096)
+
+static int test_pin_refcounts_overlaps(void)
+{
+	struct ursa_pinmap pm;
+	uint64_t newly;
+
+	memset(locked, 0, sizeof(locked));
+	ursa_pinmap_init(&pm, &fake_ops, UINT64_MAX);
+	EXPECT_EQ(ursa_pin(&pm, PG(2), PG(6), &newly), 0);
+	EXPECT_EQ(newly, PG(4));
+	EXPECT_EQ(ursa_pin(&pm, PG(4), PG(10), &newly), 0);
+	EXPECT_EQ(newly, PG(4));	/* only 6..10 is new */
+	EXPECT_EQ(ursa_pinned_bytes(&pm), PG(8));
+	for (int p = 0; p < NPAGES; p++)
+		EXPECT_EQ(locked[p], (p >= 2 && p < 10) ? 1 : 0);
+	/* Unpinning the first MR keeps the shared pages 4..6 locked. */
+	ursa_unpin(&pm, PG(2), PG(6));
+	for (int p = 0; p < NPAGES; p++)
+		EXPECT_EQ(locked[p], (p >= 4 && p < 10) ? 1 : 0);
+	EXPECT_EQ(ursa_pinned_bytes(&pm), PG(6));
+	ursa_unpin(&pm, PG(4), PG(10));
+	for (int p = 0; p < NPAGES; p++)
+		EXPECT_EQ(locked[p], 0);
+	EXPECT_EQ(ursa_pinned_bytes(&pm), 0);
+	EXPECT_EQ(pm.nsegs, 0);
+	ursa_pinmap_fini(&pm);
+	return TEST_RESULT();
+}
+
+static int test_pin_limit_and_failure(void)
+{
+	struct ursa_pinmap pm;
+	uint64_t newly;
+
+	memset(locked, 0, sizeof(locked));
+	ursa_pinmap_init(&pm, &fake_ops, PG(8));
+	EXPECT_EQ(ursa_pin(&pm, PG(0), PG(6), &newly), 0);
+	/* Overlapping pages do not count twice against the limit. */
+	EXPECT_EQ(ursa_pin(&pm, PG(0), PG(8), &newly), 0);
+	EXPECT_EQ(ursa_pin(&pm, PG(8), PG(9), &newly), -ENOMEM);
+	EXPECT_EQ(newly, PG(1));
+	EXPECT_EQ(locked[8], 0);
+	/* A lock failure midway undoes what the call locked. */
+	ursa_unpin(&pm, PG(0), PG(8));
+	ursa_unpin(&pm, PG(0), PG(6));
+	pm.limit = UINT64_MAX;
+	EXPECT_EQ(ursa_pin(&pm, PG(10), PG(12), &newly), 0);
+	lock_fail_at = 14;
+	EXPECT_EQ(ursa_pin(&pm, PG(8), PG(16), &newly), -EAGAIN);
+	lock_fail_at = -1;
+	for (int p = 0; p < NPAGES; p++)
+		EXPECT_EQ(locked[p], (p >= 10 && p < 12) ? 1 : 0);
+	EXPECT_EQ(ursa_pinned_bytes(&pm), PG(2));
+	ursa_unpin(&pm, PG(10), PG(12));
+	ursa_pinmap_fini(&pm);
+	return TEST_RESULT();
+}
+
+static int probe_all_huge(uintptr_t va) { (void)va; return 1; }
+static int probe_unknown(uintptr_t va) { (void)va; return -1; }
+
+static int test_mtt_page_sizes(void)
+{
+	struct ursa_mtt m;
+	const uintptr_t M2 = 2ul << 20;
+	struct ursa_vma small = { 0x100000, 0x100000 + 16 * 4096, 12, 0 };
+	struct ursa_vma thp = { 4 * M2, 8 * M2, 12, 4 * M2 };
+	struct ursa_vma hugetlb = { 16 * M2, 20 * M2, 21, 0 };
+
+	EXPECT_EQ(ursa_mtt_build(&m, small.start, small.end, &small, 1, NULL), 0);
+	EXPECT_EQ(m.n, 16);
+	EXPECT_EQ(m.huge, 0);
+	EXPECT_EQ(ursa_mtt_lookup(&m, small.start + 5 * 4096 + 7), 5);
+	EXPECT_EQ(ursa_mtt_lookup(&m, small.end), -1);
+	ursa_mtt_free(&m);
+
+	/* THP: 4 aligned 2 MiB blocks give 4 entries instead of 2048. */
+	EXPECT_EQ(ursa_mtt_build(&m, thp.start, thp.end, &thp, 1, probe_all_huge), 0);
+	EXPECT_EQ(m.n, 4);
+	EXPECT_EQ(m.huge, 4);
+	EXPECT_EQ(ursa_mtt_lookup(&m, thp.start + M2 + 5), 1);
+	ursa_mtt_free(&m);
+	/* Without page flags, smaps says all of it is huge: still exact. */
+	EXPECT_EQ(ursa_mtt_build(&m, thp.start, thp.end, &thp, 1, probe_unknown), 0);
+	EXPECT_EQ(m.n, 4);
+	ursa_mtt_free(&m);
+	/* Partly huge and no page flags: conservative 4 KiB entries. */
+	thp.anon_huge_bytes = M2;
+	EXPECT_EQ(ursa_mtt_build(&m, thp.start, thp.end, &thp, 1, probe_unknown), 0);
+	EXPECT_EQ(m.n, 4 * 512);
+	EXPECT_EQ(m.huge, 0);
+	ursa_mtt_free(&m);
+
+	/* hugetlbfs: a range starting mid-page still gets whole entries. */
+	EXPECT_EQ(ursa_mtt_build(&m, hugetlb.start + 4096, hugetlb.start + 3 * M2,
+				 &hugetlb, 1, NULL), 0);
+	EXPECT_EQ(m.n, 3);
+	EXPECT_EQ(m.e[0].va, hugetlb.start);
+	EXPECT_EQ(m.e[0].shift, 21);
+	ursa_mtt_free(&m);
+	return TEST_RESULT();
+}
+
+static int test_mtt_self_real_memory(void)
+{
+	struct ursa_mtt m;
+	size_t len = 8 * 4096;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	REQUIRE(p != MAP_FAILED);
+	madvise(p, len, MADV_NOHUGEPAGE);
+	memset(p, 1, len);
+	EXPECT_EQ(ursa_mtt_build_self(&m, (uintptr_t)p, (uintptr_t)p + len), 0);
+	EXPECT_EQ(m.n, 8);
+	EXPECT_EQ(m.e[0].va, (uintptr_t)p);
+	ursa_mtt_free(&m);
+	munmap(p, len);
+	return TEST_RESULT();
+}
+
+static int test_qp_state_table(void)
+{
+	const int rc_init = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			    IBV_QP_ACCESS_FLAGS;
+	const int rc_rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+			   IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+			   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	const int rc_rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+			   IBV_QP_MAX_QP_RD_ATOMIC;
+
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_RESET, IBV_QPS_INIT, rc_init), 0);
+	/* missing a required attribute */
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_RESET, IBV_QPS_INIT, rc_init & ~IBV_QP_PORT), -EINVAL);
+	/* an attribute the transition does not allow */
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_RESET, IBV_QPS_INIT, rc_init | IBV_QP_SQ_PSN), -EINVAL);
+	/* UD needs a Q_Key, not access flags */
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_UD, IBV_QPS_RESET, IBV_QPS_INIT, rc_init), -EINVAL);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_UD, IBV_QPS_RESET, IBV_QPS_INIT,
+					IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTR, rc_rtr), 0);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_UC, IBV_QPS_INIT, IBV_QPS_RTR, rc_rtr), -EINVAL);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_UD, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QP_STATE), 0);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_RTR, IBV_QPS_RTS, rc_rts), 0);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_UC, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+	/* skipping states */
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_RESET, IBV_QPS_RTS, rc_rts), -EINVAL);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTS, rc_rts), -EINVAL);
+	/* SQD and SQE */
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_RTS, IBV_QPS_SQD, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY), 0);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_SQD, IBV_QPS_RTS, IBV_QP_STATE), 0);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_SQE, IBV_QPS_RTS, IBV_QP_STATE), -EINVAL);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_UC, IBV_QPS_SQE, IBV_QPS_RTS, IBV_QP_STATE), 0);
+	/* any state to RESET or ERR, with nothing else */
+	for (int s = IBV_QPS_RESET; s <= IBV_QPS_ERR; s++) {
+		EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, s, IBV_QPS_ERR, IBV_QP_STATE), 0);
+		EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, s, IBV_QPS_RESET, IBV_QP_STATE), 0);
+		EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, s, IBV_QPS_ERR, IBV_QP_STATE | IBV_QP_QKEY), -EINVAL);
+	}
+	/* no IBV_QP_STATE, unknown type, bad state numbers */
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_RESET, IBV_QPS_INIT, rc_init & ~IBV_QP_STATE), -EINVAL);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_XRC_SEND, IBV_QPS_RESET, IBV_QPS_INIT, rc_init), -EINVAL);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, 99, IBV_QPS_INIT, rc_init), -EINVAL);
+	return TEST_RESULT();
+}
+
+static int test_ring_wraparound(void)
+{
+	struct ursa_ring r;
+	uint32_t next = 0, expect = 0;
+
+	REQUIRE(ursa_ring_init(&r, 5, sizeof(uint32_t)) == 0);
+	EXPECT_EQ(r.size, 8);
+	/* Start near the 32-bit wrap so the free-running indices overflow. */
+	atomic_store(&r.head, UINT32_MAX - 3);
+	atomic_store(&r.tail, UINT32_MAX - 3);
+	for (int round = 0; round < 100; round++) {
+		uint32_t sp = ursa_ring_space(&r), k = (uint32_t)round % 7 + 1;
+
+		EXPECT_EQ(sp, 8);
+		for (uint32_t i = 0; i < k; i++)
+			*(uint32_t *)ursa_ring_prod_slot(&r, i) = next++;
+		ursa_ring_produce(&r, k);
+		EXPECT_EQ(ursa_ring_ready(&r), k);
+		for (uint32_t i = 0; i < k; i++) {
+			EXPECT_EQ(*(uint32_t *)ursa_ring_peek(&r), expect++);
+			ursa_ring_consume(&r, 1);
+		}
+	}
+	/* A corrupt tail (an untrusted peer) never reads as ready work. */
+	atomic_store(&r.tail, atomic_load(&r.head) + 1000);
+	EXPECT_EQ(ursa_ring_ready(&r), 0);
+	ursa_ring_fini(&r);
+	return TEST_RESULT();
+}
+
+static const struct test tests[] = {
+	TEST_ENTRY(keys_unique_random, "keys are unique and not sequential"),
+	TEST_ENTRY(keys_revoked_and_quarantined, "freed keys fail and stay unused"),
+	TEST_ENTRY(keys_rekey, "type 2 window key byte changes"),
+	TEST_ENTRY(pin_refcounts_overlaps, "overlapping pins are counted"),
+	TEST_ENTRY(pin_limit_and_failure, "memlock limit and undo on failure"),
+	TEST_ENTRY(mtt_page_sizes, "translation entries follow page sizes"),
+	TEST_ENTRY(mtt_self_real_memory, "translation table of real memory"),
+	TEST_ENTRY(qp_state_table, "IBTA modify-QP table"),
+	TEST_ENTRY(ring_wraparound, "ring indices wrap and stay bounded"),
+};
+
+int main(int argc, char **argv)
+{
+	return harness_main(tests, (int)ARRAY_SIZE(tests), argc, argv);
+}
