@@ -56,7 +56,18 @@ static enum ibv_mtu mtu_from_if(int ifmtu)
 
 static int pin_lock(uintptr_t start, size_t len)
 {
-	return mlock((void *)start, len) ? -errno : 0;
+	unsigned char v;
+
+	if (!mlock((void *)start, len))
+		return 0;
+	if (errno != ENOMEM)
+		return -errno;
+	/* ENOMEM is either "not mapped" (the kernel's ib_umem says EFAULT)
+	 * or the kernel's own locked-memory limit. mincore tells which. */
+	for (uintptr_t p = start; p < start + len; p += 4096)
+		if (mincore((void *)p, 4096, &v) && errno == ENOMEM)
+			return -EFAULT;
+	return -ENOMEM;
 }
 
 static void pin_unlock(uintptr_t start, size_t len)

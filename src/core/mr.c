@@ -63,7 +63,7 @@ static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
 
 	if (!mr->odp) {
 		ret = ursa_pin(&dev->pins, ps, pe, &newly);
-		if (ret == -ENOMEM) {
+		if (ret == -EDQUOT) {
 			ursa_err("ibv_reg_mr: pinning %llu more bytes would exceed RLIMIT_MEMLOCK (%llu bytes, %llu already pinned); raise it with 'ulimit -l' or in /etc/security/limits.conf, or register with IBV_ACCESS_ON_DEMAND",
 				 (unsigned long long)newly,
 				 (unsigned long long)dev->pins.limit,
@@ -71,9 +71,7 @@ static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
 			return -ENOMEM;
 		}
 		if (ret)
-			/* mlock's ENOMEM means "not mapped": the kernel's
-			 * ib_umem reports such an address as EFAULT. */
-			return ret == -ENOMEM || ret == -EAGAIN ? -EFAULT : ret;
+			return ret == -EAGAIN ? -ENOMEM : ret;
 		mr->pin_start = ps;
 		mr->pin_end = pe;
 	}

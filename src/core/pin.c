@@ -115,7 +115,7 @@ int ursa_pin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end,
 	if (newly)
 		*newly = add;
 	if (pm->pinned + add > pm->limit) {
-		ret = -ENOMEM;
+		ret = -EDQUOT;
 		goto out;
 	}
 	ret = reserve(pm, gaps + 2);

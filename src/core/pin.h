@@ -42,7 +42,7 @@ struct ursa_pinmap {
 void ursa_pinmap_init(struct ursa_pinmap *pm, const struct ursa_pin_ops *ops,
 		      uint64_t limit);
 void ursa_pinmap_fini(struct ursa_pinmap *pm);
-/* Pin [start, end): returns 0, -ENOMEM when the limit would be exceeded
+/* Pin [start, end): returns 0, -EDQUOT when the limit would be exceeded
  * (*newly set to the bytes that would have been added), or lock()'s error. */
 int ursa_pin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end,
 	     uint64_t *newly);

@@ -164,7 +164,7 @@ static int test_pin_limit_and_failure(void)
 	EXPECT_EQ(ursa_pin(&pm, PG(0), PG(6), &newly), 0);
 	/* Overlapping pages do not count twice against the limit. */
 	EXPECT_EQ(ursa_pin(&pm, PG(0), PG(8), &newly), 0);
-	EXPECT_EQ(ursa_pin(&pm, PG(8), PG(9), &newly), -ENOMEM);
+	EXPECT_EQ(ursa_pin(&pm, PG(8), PG(9), &newly), -EDQUOT);
 	EXPECT_EQ(newly, PG(1));
 	EXPECT_EQ(locked[8], 0);
 	/* A lock failure midway undoes what the call locked. */
