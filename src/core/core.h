@@ -303,7 +303,8 @@ int ursa_mtu_bytes(enum ibv_mtu m);
 
 /* evq.c */
 int ursa_evq_init(struct ursa_evq *q, bool nonblock);
-void ursa_evq_fini(struct ursa_evq *q);
+/* free_item releases items still queued (NULL: not owned). */
+void ursa_evq_fini(struct ursa_evq *q, void (*free_item)(void *));
 int ursa_evq_push(struct ursa_evq *q, void *item);
 /* Pops one item; blocks unless the fd is non-blocking. 0 or -errno. */
 int ursa_evq_pop(struct ursa_evq *q, void **item);

@@ -31,8 +31,11 @@ int ursa_evq_init(struct ursa_evq *q, bool nonblock)
 	return 0;
 }
 
-void ursa_evq_fini(struct ursa_evq *q)
+void ursa_evq_fini(struct ursa_evq *q, void (*free_item)(void *))
 {
+	for (uint32_t i = 0; free_item && i < q->count; i++)
+		free_item(q->items[(q->head + i) % q->cap]);
+	q->count = 0;
 	if (q->fd >= 0)
 		close(q->fd);
 	q->fd = -1;

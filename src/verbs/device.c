@@ -135,7 +135,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->vctx.create_qp_ex = uv_create_qp_ex;
 	ret = ursa_engine_start(ctx);
 	if (ret) {
-		ursa_evq_fini(&ctx->async);
+		ursa_evq_fini(&ctx->async, free);
 		if (c->cmd_fd >= 0)
 			close(c->cmd_fd);
 		free(ctx);
@@ -163,7 +163,7 @@ EXPORT int ibv_close_device(struct ibv_context *c)
 		}
 	pthread_mutex_unlock(&ctx->dev->ctx_lock);
 	ursa_engine_stop(ctx);
-	ursa_evq_fini(&ctx->async);
+	ursa_evq_fini(&ctx->async, free);
 	if (c->cmd_fd >= 0)
 		close(c->cmd_fd);
 	pthread_mutex_destroy(&ctx->qp_lock);

@@ -33,7 +33,7 @@ EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *c)
 
 	if (c->refcnt)
 		return ret_errno(-EBUSY);
-	ursa_evq_fini(&ch->q);
+	ursa_evq_fini(&ch->q, NULL);
 	free(ch);
 	return 0;
 }
