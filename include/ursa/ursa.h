@@ -69,6 +69,10 @@ int ursa_engine_stats(struct ibv_context *ctx, struct ursa_engine_stats *st);
  * IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR. For testing applications. */
 int ursa_port_set_state(struct ibv_context *ctx, enum ibv_port_state state);
 
+/* Which check refused a work request: the text for wc.vendor_err of an
+ * error completion ("remote: range outside the registered region", ...). */
+const char *ursa_vendor_err_str(uint32_t vendor_err);
+
 /* "ursa <version>" */
 const char *ursa_version(void);
 

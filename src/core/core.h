@@ -346,7 +346,6 @@ static inline void ursa_mem_put(struct ursa_mem_ref *r)
 		ursa_keyed_put(r->k);
 	r->k = NULL;
 }
-const char *ursa_mem_err_str(int e);
 
 int ursa_mw_alloc(struct ursa_pd *pd, enum ibv_mw_type type,
 		  struct ursa_mw **out);

@@ -340,19 +340,6 @@ int ursa_mem_remote(struct ursa_pd *pd, uint32_t qpn, uint32_t rkey,
 	return ret;
 }
 
-const char *ursa_mem_err_str(int e)
-{
-	switch (e) {
-	case URSA_MEM_OK: return "ok";
-	case URSA_MEM_BAD_KEY: return "key unknown, invalid or deregistered";
-	case URSA_MEM_BAD_PD: return "key belongs to another protection domain";
-	case URSA_MEM_BAD_BOUNDS: return "range outside the registered region";
-	case URSA_MEM_BAD_ACCESS: return "access rights do not permit the operation";
-	case URSA_MEM_BAD_QP: return "window is bound to another QP";
-	}
-	return "unknown";
-}
-
 int ursa_mw_alloc(struct ursa_pd *pd, enum ibv_mw_type type,
 		  struct ursa_mw **out)
 {

@@ -71,11 +71,29 @@ struct ursa_req {
 	uint64_t compare_add, swap;
 };
 
+/*
+ * Why a request was refused: reported in wc.vendor_err of the error
+ * completion (URSA_WHY_REMOTE set when the responder refused) and spelled
+ * out by ursa_vendor_err_str(). Codes 1-5 are the ursa_mem_err checks.
+ */
+enum ursa_why {
+	URSA_WHY_NONE = 0,
+	URSA_WHY_KEY = 1, URSA_WHY_PD, URSA_WHY_BOUNDS, URSA_WHY_ACCESS,
+	URSA_WHY_MW_QP,
+	URSA_WHY_QP_ACCESS = 0x10, URSA_WHY_ALIGN, URSA_WHY_NO_RECV,
+	URSA_WHY_RECV_SHORT, URSA_WHY_INVALIDATE, URSA_WHY_UNSUPPORTED,
+	URSA_WHY_OPCODE, URSA_WHY_NOT_READY, URSA_WHY_QKEY, URSA_WHY_UD_MTU,
+	URSA_WHY_UNREACHABLE, URSA_WHY_MSG_LEN, URSA_WHY_ATOMIC_LEN,
+	URSA_WHY_BIND, URSA_WHY_LOCAL_INV, URSA_WHY_FLUSH,
+	URSA_WHY_REMOTE = 0x100,
+};
+const char *ursa_why_str(uint32_t code);
+
 struct ursa_resp {
 	enum ursa_ack ack;
 	uint8_t rnr_timer;	/* responder's min_rnr_timer, for RNR */
 	uint64_t atomic_orig;
-	const char *why;	/* which check refused, for logs */
+	uint32_t why;		/* enum ursa_why: which check refused */
 };
 
 /* resp.c: execute req on the target QP. */

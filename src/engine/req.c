@@ -22,6 +22,7 @@
  */
 #include "engine.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #define BATCH 32
@@ -32,6 +33,43 @@ static const uint32_t rnr_us100[32] = {
 	256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
 	16384, 24576, 32768, 49152,
 };
+
+const char *ursa_why_str(uint32_t code)
+{
+	static const char *const local[] = {
+		[URSA_WHY_NONE] = "no error recorded",
+		[URSA_WHY_KEY] = "key unknown, invalid or deregistered",
+		[URSA_WHY_PD] = "key belongs to another protection domain",
+		[URSA_WHY_BOUNDS] = "range outside the registered region",
+		[URSA_WHY_ACCESS] = "access rights of the region do not permit the operation",
+		[URSA_WHY_MW_QP] = "memory window is bound to another QP",
+		[URSA_WHY_QP_ACCESS] = "QP access flags do not permit the operation",
+		[URSA_WHY_ALIGN] = "atomic address not 8-byte aligned",
+		[URSA_WHY_NO_RECV] = "no receive WQE posted",
+		[URSA_WHY_RECV_SHORT] = "message longer than the receive buffers",
+		[URSA_WHY_INVALIDATE] = "rkey to invalidate is not a valid type 2 window of this QP",
+		[URSA_WHY_UNSUPPORTED] = "operation not supported by the QP type",
+		[URSA_WHY_OPCODE] = "unknown opcode",
+		[URSA_WHY_NOT_READY] = "no answer: target QP missing, not ready, or of another type",
+		[URSA_WHY_QKEY] = "Q_Key mismatch",
+		[URSA_WHY_UD_MTU] = "UD message longer than the path MTU",
+		[URSA_WHY_UNREACHABLE] = "no answer: destination GID or QPN unreachable",
+		[URSA_WHY_MSG_LEN] = "message longer than 2^31 bytes",
+		[URSA_WHY_ATOMIC_LEN] = "atomic result buffer is not 8 bytes",
+		[URSA_WHY_BIND] = "memory window bind refused",
+		[URSA_WHY_LOCAL_INV] = "local invalidate refused",
+		[URSA_WHY_FLUSH] = "flushed: the QP is in the error state",
+	};
+	static __thread char buf[160];
+	uint32_t c = code & ~(uint32_t)URSA_WHY_REMOTE;
+	const char *s = c < ARRAY_SIZE(local) && local[c] ? local[c] : "unknown";
+
+	if (code & URSA_WHY_REMOTE) {
+		snprintf(buf, sizeof(buf), "remote: %s", s);
+		return buf;
+	}
+	return s;
+}
 
 uint64_t ursa_rnr_timer_ns(uint8_t code)
 {
@@ -114,7 +152,7 @@ static uint64_t wqe_len(const struct ursa_send_wqe *w)
 }
 
 static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
-		     enum ibv_wc_status st)
+		     enum ibv_wc_status st, uint32_t why)
 {
 	struct ibv_wc wc = { 0 };
 
@@ -125,6 +163,7 @@ static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 	wc.status = st;
 	wc.opcode = wc_opcode(w->opcode);
 	wc.qp_num = qp->ex.qp_base.qp_num;
+	wc.vendor_err = st == IBV_WC_SUCCESS ? 0 : why;
 	if (w->opcode == IBV_WR_RDMA_READ)
 		wc.byte_len = (uint32_t)wqe_len(w);
 	else if (w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
@@ -141,6 +180,7 @@ static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 struct attempt {
 	int done;		/* 1: complete with status; 0: retry at time */
 	enum ibv_wc_status st;
+	uint32_t why;		/* enum ursa_why, into wc.vendor_err */
 	uint64_t retry_at;
 };
 
@@ -150,9 +190,11 @@ static void local_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	a->done = 1;
 	if (w->opcode == IBV_WR_BIND_MW) {
 		a->st = ursa_mw_bind(qp, w->mw, w->mw_new_rkey, &w->bind);
+		a->why = URSA_WHY_BIND;
 	} else { /* LOCAL_INV */
 		a->st = ursa_invalidate(qp->pd, qp->ex.qp_base.qp_num, w->imm) ?
 				IBV_WC_LOC_QP_OP_ERR : IBV_WC_SUCCESS;
+		a->why = URSA_WHY_LOCAL_INV;
 	}
 }
 
@@ -181,7 +223,7 @@ static int map_local(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			ursa_dbg("qp %u wr_id %llu: local SGE %u refused: %s",
 				 qp->ex.qp_base.qp_num,
 				 (unsigned long long)w->wr_id, i,
-				 ursa_mem_err_str(e));
+				 ursa_why_str((uint32_t)-e));
 			for (uint32_t j = 0; j < i; j++)
 				ursa_mem_put(&refs[j]);
 			return e;
@@ -217,20 +259,24 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	a->done = 1;
 	if (len > URSA_MAX_MSG_SZ) {
 		a->st = IBV_WC_LOC_LEN_ERR;
+		a->why = URSA_WHY_MSG_LEN;
 		return;
 	}
 	if (ud && len > (uint64_t)ursa_mtu_bytes(dev->active_mtu)) {
 		a->st = IBV_WC_LOC_LEN_ERR;
+		a->why = URSA_WHY_UD_MTU;
 		return;
 	}
 	if (at && w->num_sge && len != 8) {
 		a->st = IBV_WC_LOC_LEN_ERR;
+		a->why = URSA_WHY_ATOMIC_LEN;
 		return;
 	}
 	e = map_local(qp, w, (rd || at) ? IBV_ACCESS_LOCAL_WRITE : 0, sg, refs,
 		      &nsg);
 	if (e) {
 		a->st = IBV_WC_LOC_PROT_ERR;
+		a->why = (uint32_t)-e;
 		return;
 	}
 	r.opcode = w->opcode;
@@ -273,7 +319,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	} else {
 		memset(&resp, 0, sizeof(resp));
 		resp.ack = URSA_DROPPED;
-		resp.why = "destination unreachable";
+		resp.why = URSA_WHY_UNREACHABLE;
 	}
 	for (uint32_t i = 0; i < (w->flags & IBV_SEND_INLINE ? 0 : w->num_sge); i++)
 		ursa_mem_put(&refs[i]);
@@ -293,6 +339,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 				ursa_mem_put(&ref);
 			} else {
 				a->st = IBV_WC_LOC_PROT_ERR;
+				a->why = URSA_WHY_KEY;
 			}
 		}
 		if (!rd && !at)
@@ -304,6 +351,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		if (qp->attr.rnr_retry != 7) {
 			if (!w->rnr_left) {
 				a->st = IBV_WC_RNR_RETRY_EXC_ERR;
+				a->why = URSA_WHY_REMOTE | resp.why;
 				return;
 			}
 			w->rnr_left--;
@@ -313,12 +361,15 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		return;
 	case URSA_NAK_INV_REQ:
 		a->st = IBV_WC_REM_INV_REQ_ERR;
+		a->why = URSA_WHY_REMOTE | resp.why;
 		break;
 	case URSA_NAK_ACCESS:
 		a->st = IBV_WC_REM_ACCESS_ERR;
+		a->why = URSA_WHY_REMOTE | resp.why;
 		break;
 	case URSA_NAK_OP_ERR:
 		a->st = IBV_WC_REM_OP_ERR;
+		a->why = URSA_WHY_REMOTE | resp.why;
 		break;
 	case URSA_DROPPED:
 		if (!rc) {
@@ -328,6 +379,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		}
 		if (!w->retry_left) {
 			a->st = IBV_WC_RETRY_EXC_ERR;
+			a->why = URSA_WHY_REMOTE | resp.why;
 			break;
 		}
 		w->retry_left--;
@@ -340,7 +392,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	}
 	ursa_dbg("qp %u wr_id %llu: %s (%s)", qp->ex.qp_base.qp_num,
 		 (unsigned long long)w->wr_id, ibv_wc_status_str(a->st),
-		 resp.why ? resp.why : "");
+		 ursa_why_str(a->why));
 }
 
 bool ursa_req_pending(struct ursa_qp *qp, uint64_t now)
@@ -368,7 +420,7 @@ int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 		struct attempt a = { 0 };
 
 		if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
-			complete(qp, w, IBV_WC_WR_FLUSH_ERR);
+			complete(qp, w, IBV_WC_WR_FLUSH_ERR, URSA_WHY_FLUSH);
 			ursa_ring_consume(&qp->sq, 1);
 			done++;
 			continue;
@@ -394,7 +446,7 @@ int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 				*deadline = a.retry_at;
 			break;
 		}
-		complete(qp, w, a.st);
+		complete(qp, w, a.st, a.why);
 		ursa_ring_consume(&qp->sq, 1);
 		done++;
 		if (a.st != IBV_WC_SUCCESS) {

@@ -183,7 +183,7 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		atomic_fetch_add(&tqp->cnt.rnr_naks, rc);
 		resp->ack = rc ? URSA_NAK_RNR : URSA_DROPPED;
 		resp->rnr_timer = tqp->attr.min_rnr_timer;
-		resp->why = "no receive WQE posted";
+		resp->why = URSA_WHY_NO_RECV;
 		return;
 	}
 	wc.wr_id = w.wr_id;
@@ -196,7 +196,8 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		pthread_mutex_unlock(lk);
 		wc.status = IBV_WC_LOC_PROT_ERR;
 		resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
-		resp->why = ursa_mem_err_str((int)room);
+		/* the receiver's own SGE was refused: a local error there */
+		resp->why = (uint32_t)-room;
 		goto fail;
 	}
 	if (!write_imm && (uint64_t)room < need) {
@@ -204,7 +205,7 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		pthread_mutex_unlock(lk);
 		wc.status = IBV_WC_LOC_LEN_ERR;
 		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
-		resp->why = "message longer than the receive buffers";
+		resp->why = URSA_WHY_RECV_SHORT;
 		goto fail;
 	}
 	if (r->invalidate &&
@@ -214,7 +215,7 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		pthread_mutex_unlock(lk);
 		wc.status = IBV_WC_REM_INV_REQ_ERR;
 		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
-		resp->why = "rkey to invalidate is not a valid type 2 window of this QP";
+		resp->why = URSA_WHY_INVALIDATE;
 		goto fail;
 	}
 	if (!write_imm) {
@@ -259,6 +260,7 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 	return;
 fail:
 	atomic_fetch_add(&tqp->cnt.errors, 1);
+	wc.vendor_err = resp->why;
 	if (rc || wc.status != IBV_WC_LOC_LEN_ERR) {
 		/* The WQE completes in error and the QP goes to ERR (RC);
 		 * UC/UD drop the message and the WQE completes too. */
@@ -288,7 +290,7 @@ static unsigned int need_for(uint32_t op)
 }
 
 static void nak(struct ursa_qp *tqp, struct ursa_resp *resp, enum ursa_ack a,
-		const char *why)
+		uint32_t why)
 {
 	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
 
@@ -301,7 +303,8 @@ static void nak(struct ursa_qp *tqp, struct ursa_resp *resp, enum ursa_ack a,
 	resp->ack = a;
 	resp_fatal(tqp, a == URSA_NAK_ACCESS ? IBV_EVENT_QP_ACCESS_ERR :
 					       IBV_EVENT_QP_REQ_ERR);
-	ursa_dbg("qp %u: responder refused: %s", tqp->ex.qp_base.qp_num, why);
+	ursa_dbg("qp %u: responder refused: %s", tqp->ex.qp_base.qp_num,
+		 ursa_why_str(why));
 }
 
 static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
@@ -316,11 +319,11 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 
 	if (!(tqp->attr.qp_access_flags & need)) {
 		nak(tqp, resp, URSA_NAK_ACCESS,
-		    "QP access flags do not permit the operation");
+		    URSA_WHY_QP_ACCESS);
 		return;
 	}
 	if (atomic && (r->remote_addr & 7)) {
-		nak(tqp, resp, URSA_NAK_INV_REQ, "atomic address not 8-byte aligned");
+		nak(tqp, resp, URSA_NAK_INV_REQ, URSA_WHY_ALIGN);
 		return;
 	}
 	/* C9-88: a zero-length RDMA operation does not check the R_Key. */
@@ -328,7 +331,7 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 		e = ursa_mem_remote(tqp->pd, tqp->ex.qp_base.qp_num, r->rkey,
 				    r->remote_addr, len, need, &ref);
 		if (e) {
-			nak(tqp, resp, URSA_NAK_ACCESS, ursa_mem_err_str(e));
+			nak(tqp, resp, URSA_NAK_ACCESS, (uint32_t)-e);
 			return;
 		}
 	}
@@ -352,7 +355,7 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 			} else {
 				resp->ack = URSA_DROPPED;
 			}
-			resp->why = "no receive WQE for WRITE with immediate";
+			resp->why = URSA_WHY_NO_RECV;
 			return;
 		}
 	}
@@ -408,7 +411,7 @@ void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *r,
 	 * are dropped (IBTA 9.6.1.5.1, C9-44). */
 	if (!can_receive(qp_state(tqp)) || t != r->type) {
 		resp->ack = URSA_DROPPED;
-		resp->why = "target QP not ready to receive or of another type";
+		resp->why = URSA_WHY_NOT_READY;
 		return;
 	}
 	if (t == IBV_QPT_UD) {
@@ -417,13 +420,13 @@ void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *r,
 
 		if (r->qkey != tqp->attr.qkey) {
 			resp->ack = URSA_DROPPED;
-			resp->why = "Q_Key mismatch";
+			resp->why = URSA_WHY_QKEY;
 			atomic_fetch_add(&tqp->cnt.errors, 1);
 			return;
 		}
 		if (r->len > mtu) {
 			resp->ack = URSA_DROPPED;
-			resp->why = "UD message longer than the MTU";
+			resp->why = URSA_WHY_UD_MTU;
 			return;
 		}
 	}
@@ -443,12 +446,12 @@ void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *r,
 					 r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 					 r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD))) {
 			nak(tqp, resp, URSA_NAK_INV_REQ,
-			    "operation not supported by the transport");
+			    URSA_WHY_UNSUPPORTED);
 			return;
 		}
 		do_rdma(tqp, r, resp);
 		break;
 	default:
-		nak(tqp, resp, URSA_NAK_INV_REQ, "unknown opcode");
+		nak(tqp, resp, URSA_NAK_INV_REQ, URSA_WHY_OPCODE);
 	}
 }

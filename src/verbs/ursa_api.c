@@ -126,6 +126,11 @@ EXPORT int ursa_port_set_state(struct ibv_context *c,
 	return 0;
 }
 
+EXPORT const char *ursa_vendor_err_str(uint32_t vendor_err)
+{
+	return ursa_why_str(vendor_err);
+}
+
 EXPORT const char *ursa_version(void)
 {
 	return "ursa " URSA_FW_VER;

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <ursa/ursa.h>
+
 #include "common.h"
 
 struct pair {
@@ -468,7 +470,8 @@ static int test_rnr_infinite_then_recv(void)
 /* A refused remote access completes with REM_ACCESS_ERR, leaves the
  * target memory untouched and moves both QPs to ERR. */
 static int check_refused(uint32_t rkey_delta, int mr_access, int qp_access,
-			 enum ibv_wr_opcode op, uint64_t off, uint32_t len)
+			 enum ibv_wr_opcode op, uint64_t off, uint32_t len,
+			 const char *why)
 {
 	struct pair p;
 	struct ibv_wc wc;
@@ -494,6 +497,10 @@ static int check_refused(uint32_t rkey_delta, int mr_access, int qp_access,
 			   (uintptr_t)p.bbuf + off, tmr->rkey + rkey_delta, 1) == 0);
 	REQUIRE(wait_wc(p.f.cq, &wc, 2000) == 1);
 	EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR);
+	/* vendor_err names the check that refused */
+	if (!strstr(ursa_vendor_err_str(wc.vendor_err), why))
+		harness_fail(__FILE__, __LINE__, "vendor_err", "'%s' lacks '%s'",
+			     ursa_vendor_err_str(wc.vendor_err), why);
 	for (int i = 0; i < 8192; i++)
 		if (p.bbuf[i] != 'B' || p.abuf[i] != 'A') {
 			harness_fail(__FILE__, __LINE__, "untouched", "byte %d changed", i);
@@ -513,15 +520,21 @@ static int test_remote_access_errors(void)
 	const int lw = IBV_ACCESS_LOCAL_WRITE;
 
 	/* wrong rkey */
-	EXPECT_EQ(check_refused(0x100, ALL_REMOTE, ALL_REMOTE, IBV_WR_RDMA_WRITE, 0, 64), 0);
+	EXPECT_EQ(check_refused(0x100, ALL_REMOTE, ALL_REMOTE, IBV_WR_RDMA_WRITE, 0, 64,
+				"remote: key unknown"), 0);
 	/* MR without REMOTE_WRITE / REMOTE_READ */
-	EXPECT_EQ(check_refused(0, lw | IBV_ACCESS_REMOTE_READ, ALL_REMOTE, IBV_WR_RDMA_WRITE, 0, 64), 0);
-	EXPECT_EQ(check_refused(0, lw | IBV_ACCESS_REMOTE_WRITE, ALL_REMOTE, IBV_WR_RDMA_READ, 0, 64), 0);
+	EXPECT_EQ(check_refused(0, lw | IBV_ACCESS_REMOTE_READ, ALL_REMOTE, IBV_WR_RDMA_WRITE, 0, 64,
+				"access rights of the region"), 0);
+	EXPECT_EQ(check_refused(0, lw | IBV_ACCESS_REMOTE_WRITE, ALL_REMOTE, IBV_WR_RDMA_READ, 0, 64,
+				"access rights of the region"), 0);
 	/* QP access flags without remote write */
-	EXPECT_EQ(check_refused(0, ALL_REMOTE, lw | IBV_ACCESS_REMOTE_READ, IBV_WR_RDMA_WRITE, 0, 64), 0);
+	EXPECT_EQ(check_refused(0, ALL_REMOTE, lw | IBV_ACCESS_REMOTE_READ, IBV_WR_RDMA_WRITE, 0, 64,
+				"QP access flags"), 0);
 	/* past the end of the MR, and a length that wraps */
-	EXPECT_EQ(check_refused(0, ALL_REMOTE, ALL_REMOTE, IBV_WR_RDMA_WRITE, 4090, 64), 0);
-	EXPECT_EQ(check_refused(0, ALL_REMOTE, ALL_REMOTE, IBV_WR_RDMA_WRITE, (uint64_t)-4096, 8192), 0);
+	EXPECT_EQ(check_refused(0, ALL_REMOTE, ALL_REMOTE, IBV_WR_RDMA_WRITE, 4090, 64,
+				"outside the registered region"), 0);
+	EXPECT_EQ(check_refused(0, ALL_REMOTE, ALL_REMOTE, IBV_WR_RDMA_WRITE, (uint64_t)-4096, 8192,
+				"outside the registered region"), 0);
 	return TEST_RESULT();
 }
 
