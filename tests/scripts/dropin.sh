@@ -9,6 +9,16 @@ ok() { echo "ok   $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
 skp() { echo "skip $1: $2"; skip=$((skip + 1)); }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# A sanitizer build of the library needs its runtime loaded first when an
+# uninstrumented binary (ibv_devinfo) uses it.
+asan=$(ldd "$LIB/libibverbs.so.1" 2>/dev/null | awk '/libasan/ {print $3}')
+run() {
+	if [ -n "$asan" ]; then
+		LD_PRELOAD="$asan" ASAN_OPTIONS=detect_leaks=0 LD_LIBRARY_PATH="$LIB" "$@"
+	else
+		LD_LIBRARY_PATH="$LIB" "$@"
+	fi
+}
 
 # 1. version nodes of the real library are all defined
 if command -v readelf >/dev/null; then
@@ -38,15 +48,15 @@ fi
 
 # 3. unmodified ibverbs-utils binaries
 if command -v ibv_devinfo >/dev/null; then
-	LD_LIBRARY_PATH="$LIB" ibv_devices >"$tmp/o" 2>"$tmp/e"; rc=$?
+	run ibv_devices >"$tmp/o" 2>"$tmp/e"; rc=$?
 	if [ $rc = 0 ] && grep -q ursa0 "$tmp/o" && [ ! -s "$tmp/e" ]; then ok ibv_devices
 	else bad ibv_devices "rc=$rc $(cat "$tmp/e")"; fi
-	LD_LIBRARY_PATH="$LIB" ibv_devinfo -v >"$tmp/o" 2>"$tmp/e"; rc=$?
+	run ibv_devinfo -v >"$tmp/o" 2>"$tmp/e"; rc=$?
 	if [ $rc = 0 ] && grep -q "fw_ver:.*ursa" "$tmp/o" && grep -q "PORT_ACTIVE" "$tmp/o" &&
 	   grep -q "RoCE v2" "$tmp/o" && grep -q "link_layer:.*Ethernet" "$tmp/o" && [ ! -s "$tmp/e" ]; then
 		ok ibv_devinfo_v
 	else bad ibv_devinfo_v "rc=$rc $(head -c 300 "$tmp/e")"; fi
-	URSA_DEVICE_NAME=other9 LD_LIBRARY_PATH="$LIB" ibv_devinfo -d other9 >"$tmp/o" 2>&1 &&
+	URSA_DEVICE_NAME=other9 run ibv_devinfo -d other9 >"$tmp/o" 2>&1 &&
 		grep -q "hca_id:.*other9" "$tmp/o" && ok devinfo_renamed || bad devinfo_renamed "$(head -3 "$tmp/o")"
 else
 	skp ibv_devices "ibverbs-utils not installed"
