@@ -204,6 +204,10 @@ struct ursa_send_wqe {
 	uint32_t rnr_left, retry_left;
 	uint64_t not_before_ns;
 	bool started;
+	bool inflight;		   /* shm: request pushed, awaiting answer */
+	bool connecting;	   /* shm: waiting for the channel */
+	uint64_t xfer_off;	   /* shm: bytes of the message acknowledged */
+	uint64_t deadline_ns;	   /* shm: when the answer is overdue */
 	struct ibv_sge sge[URSA_MAX_SGE];
 	uint8_t inline_data[URSA_MAX_INLINE];
 };
@@ -212,6 +216,9 @@ struct ursa_qp_counters {
 	atomic_uint_fast64_t sends, recvs, writes, reads, atomics;
 	atomic_uint_fast64_t tx_bytes, rx_bytes;
 	atomic_uint_fast64_t rnr_naks, retries, errors, doorbells;
+	/* requester bytes by path: same process, shared-memory slots,
+	 * cross-memory attach (one copy between the MRs) */
+	atomic_uint_fast64_t loop_bytes, ring_bytes, cma_bytes;
 };
 
 struct ursa_qp {
@@ -241,6 +248,11 @@ struct ursa_qp {
 
 	pthread_mutex_t rq_lock;
 	struct ursa_rq rq;
+
+	/* same-host transport (transport/shm.c) */
+	int listen_fd;		   /* abstract socket "\0ursa/qp/<qpn>" */
+	void *listen_watch;
+	struct ursa_chan *chans;   /* channels this QP sends on */
 
 	struct ursa_qp_counters cnt;
 };

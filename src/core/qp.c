@@ -10,7 +10,7 @@
  * returns an errno; everything that needs a memory key or the peer is
  * checked when the engine executes the WQE and reported as a completion.
  */
-#include "../engine/engine.h"
+#include "../transport/shm.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -125,6 +125,7 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 		qp->send_ops_flags = ia->send_ops_flags;
 	}
 	atomic_init(&qp->state, IBV_QPS_RESET);
+	qp->listen_fd = -1;
 	qp->ex.qp_base.context = &ctx->vctx.context;
 	qp->ex.qp_base.qp_context = ia->qp_context;
 	qp->ex.qp_base.pd = ia->pd;
@@ -172,6 +173,9 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 			*pp = qp->next;
 			break;
 		}
+	/* Peers with channels to this QP see them close. */
+	ursa_shm_qp_close(qp);
+	ursa_shm_unlisten(qp);
 	pthread_mutex_unlock(&ctx->qp_lock);
 	atomic_fetch_sub(&qp->pd->refs, 1);
 	atomic_fetch_sub(&qp->scq->refs, 1);
@@ -341,6 +345,8 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		pthread_mutex_lock(&ctx->qp_lock);
 		pthread_mutex_lock(&qp->rq_lock);
 		atomic_store(&qp->sq.head, atomic_load(&qp->sq.tail));
+		/* Sequence state of channels restarts with the QP. */
+		ursa_shm_qp_close(qp);
 		if (!qp->srq)
 			atomic_store(&qp->rq.ring.head,
 				     atomic_load(&qp->rq.ring.tail));

@@ -2,54 +2,98 @@
 /*
  * engine.c - one progress thread per context.
  *
- * The thread runs the send queues of the context's QPs. When it finds no
- * work it spins for URSA_SPIN_US microseconds (default 20: a reply that
- * arrives within a round trip is picked up without a wake-up), then sleeps
- * in ppoll() on its doorbell eventfd, with a timeout for the earliest RNR or
- * ACK-timeout retry. The machines this runs on may have two cores: a thread
- * that spun forever would starve the application.
+ * The thread runs the responder side of channels other processes opened to
+ * our QPs, then the send queues of our QPs. When it finds no work it spins
+ * for URSA_SPIN_US microseconds (default 20: an answer that comes back
+ * within a round trip is picked up without a wake-up), then sleeps in
+ * epoll_wait on its doorbell eventfd and the transport's sockets, with a
+ * timeout for the earliest RNR or ACK-timeout retry. The machines this runs
+ * on may have two cores: a thread that spun forever would starve the
+ * application.
  *
  * Doorbell protocol (Dekker-style, both sides use seq_cst):
- *   poster:  publish WQE (release) ; fence ; if (sleeping) write(efd)
- *   engine:  sleeping = 1 ; fence ; recheck queues ; ppoll(efd)
- * Either the engine's recheck sees the new WQE, or the poster sees
- * sleeping == 1 and writes the eventfd: a WQE is never left unnoticed, and
- * a poster makes a system call only when the engine actually sleeps.
+ *   poster:  publish work (release) ; fence ; if (ctl->sleeping) write(efd)
+ *   engine:  ctl->sleeping = 1 ; fence ; recheck all queues ; epoll_wait
+ * Either the engine's recheck sees the new work, or the poster sees
+ * sleeping == 1 and writes the eventfd: work is never left unnoticed, and a
+ * poster makes a system call only when the engine actually sleeps. The
+ * "sleeping" flag lives in a shared page (ctl) so that peers in other
+ * processes follow the same protocol with their requests.
  */
 #include "engine.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include "../transport/shm.h"
+
+#define EVENT_POLL_NS 200000ull	/* a busy engine still looks at sockets */
 
 static bool any_pending(struct ursa_ctx *ctx, uint64_t now)
 {
-	bool p = false;
+	bool p;
 
 	pthread_mutex_lock(&ctx->qp_lock);
+	p = ursa_shm_serve_pending(ctx->eng);
 	for (struct ursa_qp *qp = ctx->qps; qp && !p; qp = qp->next)
 		p = ursa_req_pending(qp, now);
 	pthread_mutex_unlock(&ctx->qp_lock);
 	return p;
 }
 
+static void handle_events(struct ursa_engine *e, int timeout_ms)
+{
+	struct epoll_event ev[32];
+	int n = epoll_wait(e->epfd, ev, 32, timeout_ms);
+
+	if (n <= 0)
+		return;
+	pthread_mutex_lock(&e->ctx->qp_lock);
+	for (int i = 0; i < n; i++) {
+		struct ursa_watch *w = ev[i].data.ptr;
+
+		if (w->kind == URSA_W_DOORBELL) {
+			uint64_t v;
+
+			if (read(e->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+				ursa_err("engine doorbell read: %s",
+					 strerror(errno));
+			continue;
+		}
+		ursa_shm_event(e, w, ev[i].events);
+	}
+	pthread_mutex_unlock(&e->ctx->qp_lock);
+}
+
+static struct ursa_watch doorbell_watch = { URSA_W_DOORBELL, NULL, NULL };
+
 static void *engine_main(void *arg)
 {
 	struct ursa_engine *e = arg;
 	struct ursa_ctx *ctx = e->ctx;
-	uint64_t idle_since = 0;
+	uint64_t idle_since = 0, last_events = 0;
 
 	while (!atomic_load_explicit(&e->stop, memory_order_acquire)) {
 		uint64_t now = ursa_now_ns(), deadline = UINT64_MAX;
 		int work = 0;
 
 		pthread_mutex_lock(&ctx->qp_lock);
+		ursa_shm_reap(e);
+		work += ursa_shm_serve(e);
 		for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
 			work += ursa_req_process(qp, now, &deadline);
 		pthread_mutex_unlock(&ctx->qp_lock);
+		if (now - last_events > EVENT_POLL_NS) {
+			/* connection requests and peer deaths, even when
+			 * the engine never gets to sleep */
+			handle_events(e, 0);
+			last_events = now;
+		}
 		if (work) {
 			idle_since = 0;
 			continue;
@@ -60,32 +104,22 @@ static void *engine_main(void *arg)
 			ursa_cpu_relax();
 			continue;
 		}
-		atomic_store(&e->sleeping, 1);
+		atomic_store(&e->ctl->sleeping, 1);
 		atomic_thread_fence(memory_order_seq_cst);
 		if (!any_pending(ctx, ursa_now_ns()) &&
 		    !atomic_load(&e->stop)) {
-			struct pollfd pfd = { .fd = e->efd, .events = POLLIN };
-			struct timespec ts, *tsp = NULL;
+			int ms = -1;
 
 			now = ursa_now_ns();
-			if (deadline != UINT64_MAX) {
-				uint64_t d = deadline > now ? deadline - now : 0;
-
-				ts.tv_sec = (time_t)(d / 1000000000ull);
-				ts.tv_nsec = (long)(d % 1000000000ull);
-				tsp = &ts;
-			}
-			if (ppoll(&pfd, 1, tsp, NULL) > 0) {
-				uint64_t v;
-
-				if (read(e->efd, &v, sizeof(v)) < 0 &&
-				    errno != EAGAIN)
-					ursa_err("engine doorbell read: %s",
-						 strerror(errno));
-			}
+			if (deadline != UINT64_MAX)
+				ms = deadline > now ?
+					(int)MIN((deadline - now + 999999) / 1000000,
+						 (uint64_t)INT32_MAX) : 0;
+			handle_events(e, ms);
+			last_events = ursa_now_ns();
 			atomic_fetch_add(&e->wakeups, 1);
 		}
-		atomic_store(&e->sleeping, 0);
+		atomic_store(&e->ctl->sleeping, 0);
 		idle_since = 0;
 	}
 	return NULL;
@@ -98,7 +132,7 @@ void ursa_engine_kick(struct ursa_engine *e)
 	/* Pairs with the engine's fence between "sleeping = 1" and its
 	 * recheck: our WQE store is ordered before this load. */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load_explicit(&e->sleeping, memory_order_relaxed)) {
+	if (atomic_load_explicit(&e->ctl->sleeping, memory_order_relaxed)) {
 		atomic_fetch_add_explicit(&e->doorbells, 1,
 					  memory_order_relaxed);
 		if (write(e->efd, &one, sizeof(one)) < 0)
@@ -109,28 +143,55 @@ void ursa_engine_kick(struct ursa_engine *e)
 int ursa_engine_start(struct ursa_ctx *ctx)
 {
 	struct ursa_engine *e = calloc(1, sizeof(*e));
-	int ret;
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &doorbell_watch };
+	int ret = -ENOMEM;
 
 	if (!e)
 		return -ENOMEM;
 	e->ctx = ctx;
+	e->efd = e->epfd = e->ctl_fd = -1;
 	e->spin_ns = (uint64_t)ursa_env_long("URSA_SPIN_US", 20, 0, 1000000) *
 		     1000ull;
 	e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (e->efd < 0) {
+	e->epfd = epoll_create1(EPOLL_CLOEXEC);
+	e->ctl_fd = memfd_create("ursa-ctl", MFD_CLOEXEC);
+	if (e->efd < 0 || e->epfd < 0 || e->ctl_fd < 0 ||
+	    ftruncate(e->ctl_fd, 4096)) {
 		ret = -errno;
-		free(e);
-		return ret;
+		goto err;
+	}
+	e->ctl = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED,
+		      e->ctl_fd, 0);
+	if (e->ctl == MAP_FAILED) {
+		e->ctl = NULL;
+		ret = -errno;
+		goto err;
+	}
+	e->ctl->magic = 0x5552534cu;
+	e->ctl->version = 1;
+	e->ctl->pid = getpid();
+	if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->efd, &ev)) {
+		ret = -errno;
+		goto err;
 	}
 	ctx->eng = e;
-	ret = pthread_create(&e->thr, NULL, engine_main, e);
+	ret = -pthread_create(&e->thr, NULL, engine_main, e);
 	if (ret) {
-		close(e->efd);
-		free(e);
 		ctx->eng = NULL;
-		return -ret;
+		goto err;
 	}
 	return 0;
+err:
+	if (e->ctl)
+		munmap(e->ctl, 4096);
+	if (e->ctl_fd >= 0)
+		close(e->ctl_fd);
+	if (e->epfd >= 0)
+		close(e->epfd);
+	if (e->efd >= 0)
+		close(e->efd);
+	free(e);
+	return ret;
 }
 
 void ursa_engine_stop(struct ursa_ctx *ctx)
@@ -144,6 +205,10 @@ void ursa_engine_stop(struct ursa_ctx *ctx)
 	if (write(e->efd, &one, sizeof(one)) < 0)
 		ursa_err("engine stop: %s", strerror(errno));
 	pthread_join(e->thr, NULL);
+	ursa_shm_engine_fini(e);
+	munmap(e->ctl, 4096);
+	close(e->ctl_fd);
+	close(e->epfd);
 	close(e->efd);
 	free(e);
 	ctx->eng = NULL;

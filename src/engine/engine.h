@@ -21,14 +21,38 @@
 
 #include "../core/core.h"
 
+/* The part of an engine other processes see: a shared page holding the
+ * "I am asleep" flag that decides whether a peer must ring the doorbell. */
+struct ursa_ctl {
+	uint32_t magic;
+	uint32_t version;
+	atomic_int sleeping;	/* 1 while blocked (or about to block) */
+	int32_t pid;
+};
+
+struct ursa_chan;
+
 struct ursa_engine {
 	struct ursa_ctx *ctx;
 	pthread_t thr;
-	int efd;		/* doorbell: an eventfd */
-	atomic_int sleeping;	/* 1 while blocked (or about to block) */
+	int efd;		/* doorbell: an eventfd, shared with peers */
+	int epfd;		/* what the engine sleeps on */
+	int ctl_fd;		/* memfd of the ctl page */
+	struct ursa_ctl *ctl;
 	atomic_int stop;
 	atomic_uint_fast64_t wakeups, doorbells;
 	uint64_t spin_ns;
+	struct ursa_chan *served;  /* channels whose target QP is ours */
+	struct ursa_chan *grave;   /* closed, freed at the next pass */
+	struct ursa_watch *grave_watches;
+};
+
+/* What the engine's epoll set watches. */
+enum ursa_watch_kind { URSA_W_DOORBELL, URSA_W_LISTEN, URSA_W_CHAN };
+struct ursa_watch {
+	enum ursa_watch_kind kind;
+	void *ptr;		/* NULL once closed */
+	struct ursa_watch *next;
 };
 
 int ursa_engine_start(struct ursa_ctx *ctx);
@@ -51,8 +75,16 @@ enum ursa_ack {
 	URSA_DROPPED,		/* silently dropped: no answer at all */
 };
 
+/* Fragment flags: a message larger than a ring slot that cannot use
+ * cross-memory attach travels as several requests. */
+enum { URSA_FRAG_FIRST = 1, URSA_FRAG_LAST = 2, URSA_FRAG_ONLY = 3 };
+
 struct ursa_req {
 	uint32_t opcode;	/* enum ibv_wr_opcode */
+	uint32_t frag;		/* URSA_FRAG_* */
+	uint64_t msg_len;	/* whole message (SEND fragments) */
+	uint64_t offset;	/* of this fragment in the message */
+	pid_t peer;		/* src/dst lists are in this process (0: ours) */
 	enum ibv_qp_type type;
 	uint32_t src_qpn;
 	uint32_t qkey;		/* UD */
@@ -64,8 +96,10 @@ struct ursa_req {
 	uint64_t len;		/* message length */
 	const struct ursa_sg *src; /* payload (SEND, WRITE) */
 	uint32_t nsrc;
+	bool src_remote;	/* src lists live in peer's memory */
 	const struct ursa_sg *dst; /* READ response target */
 	uint32_t ndst;
+	bool dst_remote;
 	uint32_t imm;		/* imm data (BE) or rkey to invalidate */
 	bool has_imm, invalidate, solicited;
 	uint64_t compare_add, swap;
@@ -84,7 +118,8 @@ enum ursa_why {
 	URSA_WHY_RECV_SHORT, URSA_WHY_INVALIDATE, URSA_WHY_UNSUPPORTED,
 	URSA_WHY_OPCODE, URSA_WHY_NOT_READY, URSA_WHY_QKEY, URSA_WHY_UD_MTU,
 	URSA_WHY_UNREACHABLE, URSA_WHY_MSG_LEN, URSA_WHY_ATOMIC_LEN,
-	URSA_WHY_BIND, URSA_WHY_LOCAL_INV, URSA_WHY_FLUSH,
+	URSA_WHY_BIND, URSA_WHY_LOCAL_INV, URSA_WHY_FLUSH, URSA_WHY_PEER_MEM,
+	URSA_WHY_PEER_DEAD,
 	URSA_WHY_REMOTE = 0x100,
 };
 const char *ursa_why_str(uint32_t code);
@@ -94,11 +129,25 @@ struct ursa_resp {
 	uint8_t rnr_timer;	/* responder's min_rnr_timer, for RNR */
 	uint64_t atomic_orig;
 	uint32_t why;		/* enum ursa_why: which check refused */
+	bool final;		/* DROPPED after the last retry already */
 };
 
-/* resp.c: execute req on the target QP. */
+/* Responder state that outlives one request: a SEND arriving in several
+ * fragments keeps its receive WQE here between them. */
+struct ursa_rstate {
+	bool active;
+	struct ursa_recv_wqe w;
+	struct ursa_sg sg[URSA_MAX_SGE];
+	struct ursa_mem_ref refs[URSA_MAX_SGE];
+	uint32_t nsg;
+	uint64_t room;
+};
+
+/* resp.c: execute req on the target QP (rs may be NULL for single-fragment
+ * transports). */
 void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *req,
-		       struct ursa_resp *resp);
+		       struct ursa_resp *resp, struct ursa_rstate *rs);
+void ursa_rstate_drop(struct ursa_rstate *rs);
 /* req.c: run a QP's send queue; returns WQEs processed, lowers *deadline
  * to the earliest time a deferred WQE becomes due. */
 int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);
@@ -109,14 +158,21 @@ bool ursa_req_pending(struct ursa_qp *qp, uint64_t now);
  * release ordering, so a reader spinning on it sees the whole message. */
 void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
 		  const struct ursa_sg *src, uint32_t nsrc, uint64_t len);
+/* The same when one side lives in another process (cross-memory attach:
+ * process_vm_readv/writev). Skips the first skip bytes of dst. Returns 0 or
+ * -errno (the peer died, or the kernel refused the access). */
+int ursa_xfer(const struct ursa_sg *dst, uint32_t ndst, bool dst_remote,
+	      const struct ursa_sg *src, uint32_t nsrc, bool src_remote,
+	      pid_t peer, uint64_t skip, uint64_t len);
 
 /* RNR timer and ACK timeout encodings (IBTA 9.7.5.2.8, 9.7.6.1.3). */
 uint64_t ursa_rnr_timer_ns(uint8_t code);
 uint64_t ursa_ack_timeout_ns(uint8_t code);
 
-/* transport/loop.c: in-process QPN registry and delivery. */
+/* transport/loop.c: QPN registry (host-wide) and in-process delivery. */
 int ursa_loop_add(struct ursa_qp *qp);
 void ursa_loop_del(struct ursa_qp *qp);
+bool ursa_gid_is_local(const union ibv_gid *g);
 /* Target QP for (dgid, qpn) with a reference, or NULL when unreachable. */
 struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn);
 void ursa_loop_put(struct ursa_qp *qp);

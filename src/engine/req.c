@@ -21,9 +21,12 @@
  * construction.
  */
 #include "engine.h"
+#include "../transport/shm.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #define BATCH 32
 
@@ -59,6 +62,8 @@ const char *ursa_why_str(uint32_t code)
 		[URSA_WHY_BIND] = "memory window bind refused",
 		[URSA_WHY_LOCAL_INV] = "local invalidate refused",
 		[URSA_WHY_FLUSH] = "flushed: the QP is in the error state",
+		[URSA_WHY_PEER_MEM] = "the requester's memory could not be read or written (peer gone or access denied)",
+		[URSA_WHY_PEER_DEAD] = "no answer: the peer process is gone",
 	};
 	static __thread char buf[160];
 	uint32_t c = code & ~(uint32_t)URSA_WHY_REMOTE;
@@ -124,6 +129,113 @@ void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
 	 * last one, for readers that spin on it (perftest's latency tests). */
 	if (lastp)
 		__atomic_store_n(lastp, lastv, __ATOMIC_RELEASE);
+}
+
+/* Build an iovec list covering [skip, skip + len) of an sg list. */
+static int sg_iov(const struct ursa_sg *sg, uint32_t n, uint64_t skip,
+		  uint64_t len, struct iovec *iov, int max)
+{
+	int k = 0;
+
+	for (uint32_t i = 0; i < n && len; i++) {
+		uint64_t l = sg[i].len;
+
+		if (skip >= l) {
+			skip -= l;
+			continue;
+		}
+		if (k == max)
+			return -EINVAL;
+		iov[k].iov_base = (void *)(sg[i].va + skip);
+		iov[k].iov_len = (size_t)MIN(l - skip, len);
+		len -= iov[k].iov_len;
+		skip = 0;
+		k++;
+	}
+	return len ? -EINVAL : k;
+}
+
+static int cma(pid_t peer, bool write, const struct iovec *l, int nl,
+	       const struct iovec *r, int nr, uint64_t len)
+{
+	ssize_t n = write ? process_vm_writev(peer, l, (unsigned long)nl, r,
+					      (unsigned long)nr, 0) :
+			    process_vm_readv(peer, l, (unsigned long)nl, r,
+					     (unsigned long)nr, 0);
+
+	if (n < 0)
+		return -errno;
+	return (uint64_t)n == len ? 0 : -EFAULT;
+}
+
+int ursa_xfer(const struct ursa_sg *dst, uint32_t ndst, bool dst_remote,
+	      const struct ursa_sg *src, uint32_t nsrc, bool src_remote,
+	      pid_t peer, uint64_t skip, uint64_t len)
+{
+	struct iovec di[URSA_MAX_SGE + 2], si[URSA_MAX_SGE + 2];
+	int nd, ns, ret;
+
+	if (!len)
+		return 0;
+	if (!dst_remote && !src_remote) {
+		struct ursa_sg d[URSA_MAX_SGE + 1];
+		uint32_t k = 0;
+
+		/* drop the skipped prefix of dst, then copy */
+		for (uint32_t i = 0; i < ndst && k < ARRAY_SIZE(d); i++) {
+			if (skip >= dst[i].len) {
+				skip -= dst[i].len;
+				continue;
+			}
+			d[k].va = dst[i].va + skip;
+			d[k].len = dst[i].len - skip;
+			skip = 0;
+			k++;
+		}
+		ursa_sg_copy(d, k, src, nsrc, len);
+		return 0;
+	}
+	if (dst_remote && src_remote)
+		return -EINVAL;
+	if (src_remote) {
+		/* Pull from the peer straight into our memory; the final
+		 * byte is fetched separately and stored last (release), as
+		 * ursa_sg_copy does for local copies. */
+		uint8_t last;
+		struct iovec li = { &last, 1 }, ri;
+		struct iovec dl;
+
+		nd = sg_iov(dst, ndst, skip, len, di, ARRAY_SIZE(di));
+		ns = sg_iov(src, nsrc, 0, len, si, ARRAY_SIZE(si));
+		if (nd < 0 || ns < 0)
+			return -EINVAL;
+		dl = di[nd - 1];
+		ri = si[ns - 1];
+		ri.iov_base = (char *)ri.iov_base + ri.iov_len - 1;
+		ri.iov_len = 1;
+		/* shorten both lists by the final byte */
+		if (--di[nd - 1].iov_len == 0)
+			nd--;
+		if (--si[ns - 1].iov_len == 0)
+			ns--;
+		if (len > 1) {
+			ret = cma(peer, false, di, nd, si, ns, len - 1);
+			if (ret)
+				return ret;
+		}
+		ret = cma(peer, false, &li, 1, &ri, 1, 1);
+		if (ret)
+			return ret;
+		__atomic_store_n((uint8_t *)dl.iov_base + dl.iov_len - 1, last,
+				 __ATOMIC_RELEASE);
+		return 0;
+	}
+	/* Push our memory into the peer's (READ responses). */
+	nd = sg_iov(dst, ndst, skip, len, di, ARRAY_SIZE(di));
+	ns = sg_iov(src, nsrc, 0, len, si, ARRAY_SIZE(si));
+	if (nd < 0 || ns < 0)
+		return -EINVAL;
+	return cma(peer, true, si, ns, di, nd, len);
 }
 
 static enum ibv_wc_opcode wc_opcode(uint32_t op)
@@ -236,6 +348,12 @@ static int map_local(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	return 0;
 }
 
+static void put_local(const struct ursa_send_wqe *w, struct ursa_mem_ref *refs)
+{
+	for (uint32_t i = 0; i < (w->flags & IBV_SEND_INLINE ? 0 : w->num_sge); i++)
+		ursa_mem_put(&refs[i]);
+}
+
 static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		      uint64_t now, struct attempt *a)
 {
@@ -280,6 +398,8 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		return;
 	}
 	r.opcode = w->opcode;
+	r.frag = URSA_FRAG_ONLY;
+	r.msg_len = at ? 8 : len;
 	r.type = qp->ex.qp_base.qp_type;
 	r.src_qpn = qp->ex.qp_base.qp_num;
 	r.remote_addr = w->remote_addr;
@@ -314,15 +434,27 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	t = ursa_loop_get(&av->grh.dgid,
 			  ud ? w->remote_qpn : qp->attr.dest_qp_num);
 	if (t) {
-		ursa_resp_execute(t, &r, &resp);
+		/* Same process: the responder runs right here. */
+		ursa_resp_execute(t, &r, &resp, NULL);
 		ursa_loop_put(t);
+		if (resp.ack == URSA_ACK && !at)
+			atomic_fetch_add(&qp->cnt.loop_bytes, len);
+	} else if (ursa_gid_is_local(&av->grh.dgid)) {
+		/* Another process on this host. */
+		uint64_t until = UINT64_MAX;
+
+		if (!ursa_shm_step(qp, w, &r, now, &resp, &until)) {
+			put_local(w, refs);
+			a->done = 0;
+			a->retry_at = until;
+			return;
+		}
 	} else {
 		memset(&resp, 0, sizeof(resp));
 		resp.ack = URSA_DROPPED;
 		resp.why = URSA_WHY_UNREACHABLE;
 	}
-	for (uint32_t i = 0; i < (w->flags & IBV_SEND_INLINE ? 0 : w->num_sge); i++)
-		ursa_mem_put(&refs[i]);
+	put_local(w, refs);
 
 	switch (resp.ack) {
 	case URSA_ACK:
@@ -377,7 +509,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			a->st = IBV_WC_SUCCESS;
 			return;
 		}
-		if (!w->retry_left) {
+		if (resp.final || !w->retry_left) {
 			a->st = IBV_WC_RETRY_EXC_ERR;
 			a->why = URSA_WHY_REMOTE | resp.why;
 			break;
@@ -395,6 +527,15 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		 ursa_why_str(a->why));
 }
 
+/* A started WQE waits for a timer or, on the same-host transport, for an
+ * answer or the channel. */
+static bool wqe_due(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
+{
+	if (w->inflight || w->connecting)
+		return ursa_shm_ready(qp, w, now);
+	return w->not_before_ns <= now;
+}
+
 bool ursa_req_pending(struct ursa_qp *qp, uint64_t now)
 {
 	int st = qp_state(qp);
@@ -407,7 +548,7 @@ bool ursa_req_pending(struct ursa_qp *qp, uint64_t now)
 	if (st != IBV_QPS_RTS)
 		return false;
 	w = ursa_ring_peek(&qp->sq);
-	return !w->started || w->not_before_ns <= now;
+	return !w->started || wqe_due(qp, w, now);
 }
 
 int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
@@ -431,9 +572,11 @@ int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 			w->started = true;
 			w->rnr_left = qp->attr.rnr_retry;
 			w->retry_left = qp->attr.retry_cnt;
-		} else if (w->not_before_ns > now) {
-			if (w->not_before_ns < *deadline)
-				*deadline = w->not_before_ns;
+		} else if (!wqe_due(qp, w, now)) {
+			uint64_t d = w->inflight ? w->deadline_ns : w->not_before_ns;
+
+			if (d < *deadline)
+				*deadline = d;
 			break;
 		}
 		if (w->opcode == IBV_WR_BIND_MW || w->opcode == IBV_WR_LOCAL_INV)

@@ -125,21 +125,19 @@ static pthread_mutex_t *recv_lock(struct ursa_qp *tqp)
 /* Validate a receive WQE's SGEs into sg[]; returns the buffer size or a
  * negative ursa_mem_err. */
 static int64_t map_recv(struct ursa_qp *tqp, const struct ursa_recv_wqe *w,
-			struct ursa_sg *sg, struct ursa_mem_ref *refs)
+			struct ursa_sg *sg, struct ursa_mem_ref *refs,
+			uint32_t *nsg)
 {
 	struct ursa_pd *pd = tqp->srq ? tqp->srq->pd : tqp->pd;
 	uint64_t total = 0;
-	uint32_t n = MIN(w->num_sge, (uint32_t)URSA_MAX_SGE);
+	uint32_t n = MIN(w->num_sge, (uint32_t)URSA_MAX_SGE), k = 0;
 
 	for (uint32_t i = 0; i < n; i++) {
 		int e;
 
 		refs[i].k = NULL;
-		if (!w->sge[i].length) {
-			sg[i].va = 0;
-			sg[i].len = 0;
+		if (!w->sge[i].length)
 			continue;
-		}
 		e = ursa_mem_local(pd, &w->sge[i], IBV_ACCESS_LOCAL_WRITE,
 				   &refs[i]);
 		if (e) {
@@ -147,105 +145,140 @@ static int64_t map_recv(struct ursa_qp *tqp, const struct ursa_recv_wqe *w,
 				ursa_mem_put(&refs[j]);
 			return e;
 		}
-		sg[i].va = refs[i].va;
-		sg[i].len = w->sge[i].length;
+		sg[k].va = refs[i].va;
+		sg[k].len = w->sge[i].length;
+		k++;
 		total += w->sge[i].length;
 	}
+	*nsg = k;
 	return (int64_t)total;
 }
 
 static void put_refs(struct ursa_mem_ref *refs, uint32_t n)
 {
-	for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = 0; i < MIN(n, (uint32_t)URSA_MAX_SGE); i++)
 		ursa_mem_put(&refs[i]);
 }
 
+void ursa_rstate_drop(struct ursa_rstate *rs)
+{
+	if (rs && rs->active) {
+		put_refs(rs->refs, rs->w.num_sge);
+		rs->active = false;
+	}
+}
+
 /* SEND, SEND with immediate or invalidate, and the receive half of WRITE
- * with immediate (data already placed; only the WQE is consumed). */
+ * with immediate (data already placed; only the WQE is consumed). A SEND
+ * may arrive in fragments: the first takes the receive WQE (or RNRs), the
+ * last completes it; rs keeps the WQE in between. */
 static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
-		    struct ursa_resp *resp, bool write_imm)
+		    struct ursa_resp *resp, bool write_imm,
+		    struct ursa_rstate *rs)
 {
 	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
 	bool ud = tqp->ex.qp_base.qp_type == IBV_QPT_UD;
+	bool first = r->frag & URSA_FRAG_FIRST, last = r->frag & URSA_FRAG_LAST;
 	struct ursa_cq *cq = tqp->rcq;
-	struct ursa_mem_ref refs[URSA_MAX_SGE];
-	struct ursa_sg sg[URSA_MAX_SGE + 1];
-	struct ursa_recv_wqe w;
+	struct ursa_rstate local, *st = rs ? rs : &local;
 	struct ibv_wc wc = { 0 };
-	uint8_t grh[URSA_GRH_LEN];
-	int64_t room;
-	uint64_t need = r->len + (ud ? URSA_GRH_LEN : 0);
+	uint64_t grh = ud ? URSA_GRH_LEN : 0;
+	uint64_t need = (write_imm ? 0 : r->msg_len) + grh;
 	pthread_mutex_t *lk = recv_lock(tqp);
+	int64_t room;
+	int e;
 
-	pthread_mutex_lock(lk);
-	if (!take_recv(tqp, &w)) {
-		pthread_mutex_unlock(lk);
-		atomic_fetch_add(&tqp->cnt.rnr_naks, rc);
-		resp->ack = rc ? URSA_NAK_RNR : URSA_DROPPED;
-		resp->rnr_timer = tqp->attr.min_rnr_timer;
-		resp->why = URSA_WHY_NO_RECV;
+	if (!rs && !(first && last)) {
+		resp->ack = URSA_DROPPED;
+		resp->why = URSA_WHY_OPCODE;
 		return;
 	}
-	wc.wr_id = w.wr_id;
+	if (first) {
+		ursa_rstate_drop(st);
+		pthread_mutex_lock(lk);
+		if (!take_recv(tqp, &st->w)) {
+			pthread_mutex_unlock(lk);
+			atomic_fetch_add(&tqp->cnt.rnr_naks, rc);
+			resp->ack = rc ? URSA_NAK_RNR : URSA_DROPPED;
+			resp->rnr_timer = tqp->attr.min_rnr_timer;
+			resp->why = URSA_WHY_NO_RECV;
+			return;
+		}
+		pthread_mutex_unlock(lk);
+		st->nsg = 0;
+		room = write_imm ? 0 : map_recv(tqp, &st->w, st->sg, st->refs,
+						&st->nsg);
+		wc.wr_id = st->w.wr_id;
+		if (room < 0) {
+			wc.status = IBV_WC_LOC_PROT_ERR;
+			resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
+			resp->why = (uint32_t)-room;
+			goto fail;
+		}
+		if ((uint64_t)room < need) {
+			put_refs(st->refs, st->w.num_sge);
+			wc.status = IBV_WC_LOC_LEN_ERR;
+			resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+			resp->why = URSA_WHY_RECV_SHORT;
+			goto fail;
+		}
+		st->room = (uint64_t)room;
+		st->active = true;
+		if (ud) {
+			uint8_t g[URSA_GRH_LEN];
+			struct ursa_sg gs = { (uintptr_t)g, URSA_GRH_LEN };
+
+			build_grh(g, r);
+			ursa_sg_copy(st->sg, st->nsg, &gs, 1, URSA_GRH_LEN);
+		}
+	} else if (!st->active) {
+		/* a middle or last fragment with no first: out of sequence */
+		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+		resp->why = URSA_WHY_OPCODE;
+		return;
+	}
+	if (!write_imm && r->len) {
+		if (r->offset + r->len > r->msg_len) {
+			wc.wr_id = st->w.wr_id;
+			put_refs(st->refs, st->w.num_sge);
+			st->active = false;
+			wc.status = IBV_WC_LOC_LEN_ERR;
+			resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+			resp->why = URSA_WHY_RECV_SHORT;
+			goto fail;
+		}
+		e = ursa_xfer(st->sg, st->nsg, false, r->src, r->nsrc,
+			      r->src_remote, r->peer, grh + r->offset, r->len);
+		if (e) {
+			wc.wr_id = st->w.wr_id;
+			put_refs(st->refs, st->w.num_sge);
+			st->active = false;
+			wc.status = IBV_WC_LOC_ACCESS_ERR;
+			resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
+			resp->why = URSA_WHY_PEER_MEM;
+			goto fail;
+		}
+	}
+	if (!last) {
+		resp->ack = URSA_ACK;
+		return;
+	}
+	st->active = false;
+	put_refs(st->refs, st->w.num_sge);
+	wc.wr_id = st->w.wr_id;
 	wc.qp_num = tqp->ex.qp_base.qp_num;
 	wc.src_qp = r->src_qpn;
 	wc.opcode = write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-	wc.byte_len = (uint32_t)(write_imm ? r->len : need);
-	room = write_imm ? 0 : map_recv(tqp, &w, sg, refs);
-	if (room < 0) {
-		pthread_mutex_unlock(lk);
-		wc.status = IBV_WC_LOC_PROT_ERR;
-		resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
-		/* the receiver's own SGE was refused: a local error there */
-		resp->why = (uint32_t)-room;
-		goto fail;
-	}
-	if (!write_imm && (uint64_t)room < need) {
-		put_refs(refs, w.num_sge);
-		pthread_mutex_unlock(lk);
-		wc.status = IBV_WC_LOC_LEN_ERR;
-		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
-		resp->why = URSA_WHY_RECV_SHORT;
-		goto fail;
-	}
+	wc.byte_len = (uint32_t)(write_imm ? r->msg_len : need);
+	if (ud)
+		wc.wc_flags |= IBV_WC_GRH;
 	if (r->invalidate &&
 	    ursa_invalidate(tqp->pd, wc.qp_num, r->imm)) {
-		if (!write_imm)
-			put_refs(refs, w.num_sge);
-		pthread_mutex_unlock(lk);
 		wc.status = IBV_WC_REM_INV_REQ_ERR;
 		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
 		resp->why = URSA_WHY_INVALIDATE;
 		goto fail;
 	}
-	if (!write_imm) {
-		uint32_t nsg = MIN(w.num_sge, (uint32_t)URSA_MAX_SGE);
-		const struct ursa_sg *dst = sg;
-
-		if (ud) {
-			/* The GRH goes first, then the payload. */
-			build_grh(grh, r);
-			struct ursa_sg g = { (uintptr_t)grh, URSA_GRH_LEN };
-
-			ursa_sg_copy(sg, nsg, &g, 1, URSA_GRH_LEN);
-			/* Advance the destination list by 40 bytes. */
-			uint64_t skip = URSA_GRH_LEN;
-			uint32_t i = 0;
-
-			while (i < nsg && skip >= sg[i].len)
-				skip -= sg[i++].len;
-			if (i < nsg) {
-				sg[i].va += skip;
-				sg[i].len -= skip;
-			}
-			dst = &sg[i];
-			nsg -= i;
-			wc.wc_flags |= IBV_WC_GRH;
-		}
-		ursa_sg_copy(dst, nsg, r->src, r->nsrc, r->len);
-		put_refs(refs, w.num_sge);
-	}
-	pthread_mutex_unlock(lk);
 	if (r->has_imm) {
 		wc.wc_flags |= IBV_WC_WITH_IMM;
 		wc.imm_data = r->imm;
@@ -254,26 +287,23 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		wc.invalidated_rkey = r->imm;
 	}
 	atomic_fetch_add(&tqp->cnt.recvs, 1);
-	atomic_fetch_add(&tqp->cnt.rx_bytes, r->len);
+	atomic_fetch_add(&tqp->cnt.rx_bytes, r->msg_len);
 	recv_complete(tqp, cq, &wc, r->solicited);
 	resp->ack = URSA_ACK;
 	return;
 fail:
+	/* The WQE completes in error; an RC QP goes to ERR with the
+	 * affiliated event, UC/UD drop the message. */
 	atomic_fetch_add(&tqp->cnt.errors, 1);
 	wc.vendor_err = resp->why;
-	if (rc || wc.status != IBV_WC_LOC_LEN_ERR) {
-		/* The WQE completes in error and the QP goes to ERR (RC);
-		 * UC/UD drop the message and the WQE completes too. */
-		recv_complete(tqp, cq, &wc, true);
-		if (rc)
-			resp_fatal(tqp, wc.status == IBV_WC_LOC_PROT_ERR ?
-					IBV_EVENT_QP_ACCESS_ERR :
-					IBV_EVENT_QP_REQ_ERR);
-	} else {
-		/* UC/UD length error: the message is dropped and the WQE
-		 * completes with the error so the buffer is returned. */
-		recv_complete(tqp, cq, &wc, true);
-	}
+	wc.qp_num = tqp->ex.qp_base.qp_num;
+	wc.src_qp = r->src_qpn;
+	wc.opcode = IBV_WC_RECV;
+	recv_complete(tqp, cq, &wc, true);
+	if (rc)
+		resp_fatal(tqp, wc.status == IBV_WC_LOC_LEN_ERR ||
+				wc.status == IBV_WC_REM_INV_REQ_ERR ?
+				IBV_EVENT_QP_REQ_ERR : IBV_EVENT_QP_ACCESS_ERR);
 }
 
 static unsigned int need_for(uint32_t op)
@@ -315,7 +345,7 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 		      r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 	uint64_t len = atomic ? 8 : r->len;
 	struct ursa_mem_ref ref = { 0 };
-	int e;
+	int e, err = 0;
 
 	if (!(tqp->attr.qp_access_flags & need)) {
 		nak(tqp, resp, URSA_NAK_ACCESS,
@@ -335,7 +365,8 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 			return;
 		}
 	}
-	if (r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+	if (r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM &&
+	    (r->frag & URSA_FRAG_LAST)) {
 		/* The WQE must exist before the data is placed, or the RNR
 		 * retry would write twice (harmless) but also complete a
 		 * WRITE whose immediate never arrived. */
@@ -365,7 +396,8 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 		if (len) {
 			struct ursa_sg d = { ref.va, len };
 
-			ursa_sg_copy(&d, 1, r->src, r->nsrc, len);
+			err = ursa_xfer(&d, 1, false, r->src, r->nsrc,
+					r->src_remote, r->peer, 0, len);
 		}
 		atomic_fetch_add(&tqp->cnt.writes, 1);
 		atomic_fetch_add(&tqp->cnt.rx_bytes, len);
@@ -374,7 +406,8 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 		if (len) {
 			struct ursa_sg s = { ref.va, len };
 
-			ursa_sg_copy(r->dst, r->ndst, &s, 1, len);
+			err = ursa_xfer(r->dst, r->ndst, r->dst_remote, &s, 1,
+					false, r->peer, 0, len);
 		}
 		atomic_fetch_add(&tqp->cnt.reads, 1);
 		break;
@@ -396,13 +429,25 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 	}
 	}
 	ursa_mem_put(&ref);
+	if (err) {
+		/* The requester's side of the copy failed (it died, or the
+		 * kernel refused cross-memory attach mid-way). */
+		nak(tqp, resp, URSA_NAK_OP_ERR, URSA_WHY_PEER_MEM);
+		return;
+	}
 	resp->ack = URSA_ACK;
-	if (r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-		do_recv(tqp, r, resp, true);
+	if (r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM &&
+	    (r->frag & URSA_FRAG_LAST)) {
+		struct ursa_req imm = *r;
+
+		imm.frag = URSA_FRAG_ONLY;
+		imm.msg_len = r->offset + r->len;
+		do_recv(tqp, &imm, resp, true, NULL);
+	}
 }
 
 void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *r,
-		       struct ursa_resp *resp)
+		       struct ursa_resp *resp, struct ursa_rstate *rs)
 {
 	enum ibv_qp_type t = tqp->ex.qp_base.qp_type;
 
@@ -424,7 +469,7 @@ void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *r,
 			atomic_fetch_add(&tqp->cnt.errors, 1);
 			return;
 		}
-		if (r->len > mtu) {
+		if (r->msg_len > mtu) {
 			resp->ack = URSA_DROPPED;
 			resp->why = URSA_WHY_UD_MTU;
 			return;
@@ -434,7 +479,7 @@ void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *r,
 	case IBV_WR_SEND:
 	case IBV_WR_SEND_WITH_IMM:
 	case IBV_WR_SEND_WITH_INV:
-		do_recv(tqp, r, resp, false);
+		do_recv(tqp, r, resp, false, rs);
 		break;
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:

@@ -3,14 +3,16 @@
  * loop.c - the in-process transport: QPN allocation and delivery to QPs of
  * the same process (any context).
  *
- * QPNs are 24-bit, drawn at random and unique within the process; 0 and 1
- * are reserved by IBTA for SMI/GSI. A requester resolves (destination GID,
+ * QPNs are 24-bit, drawn at random; 0 and 1 are reserved by IBTA for
+ * SMI/GSI. They are unique on the host: a QPN is taken only when its
+ * abstract socket name could be bound (transport/shm.c), which is also how
+ * other processes find the QP. A requester resolves (destination GID,
  * destination QPN): the GID must be one of this host's GIDs, and the QPN
  * must name a live QP. The lookup takes a reference that keeps the target
  * QP alive while the responder executes; ursa_qp_destroy removes the QP from
  * the table and then waits for the references to drain.
  */
-#include "../engine/engine.h"
+#include "shm.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -47,11 +49,21 @@ int ursa_loop_add(struct ursa_qp *qp)
 	if (!e)
 		return -ENOMEM;
 	pthread_rwlock_wrlock(&tab_lock);
-	for (;;) {
+	for (int tries = 0;; tries++) {
 		uint32_t qpn = (uint32_t)ursa_rand64() & 0xffffff;
+		int ret;
 
 		if (qpn < 2 || find_locked(qpn))
 			continue;
+		/* Host-wide uniqueness: the QPN's socket name is free. */
+		ret = ursa_shm_listen(qp, qpn);
+		if (ret == -EADDRINUSE && tries < 1000)
+			continue;
+		if (ret) {
+			pthread_rwlock_unlock(&tab_lock);
+			free(e);
+			return ret;
+		}
 		qp->ex.qp_base.qp_num = qpn;
 		break;
 	}
@@ -81,7 +93,7 @@ void ursa_loop_del(struct ursa_qp *qp)
 		sched_yield();
 }
 
-static bool local_gid(const union ibv_gid *g)
+bool ursa_gid_is_local(const union ibv_gid *g)
 {
 	struct ursa_device *dev = ursa_device_get();
 
@@ -95,7 +107,7 @@ struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn)
 {
 	struct ursa_qp *qp;
 
-	if (!local_gid(dgid))
+	if (!ursa_gid_is_local(dgid))
 		return NULL;
 	pthread_rwlock_rdlock(&tab_lock);
 	qp = find_locked(qpn & 0xffffff);

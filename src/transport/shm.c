@@ -1,0 +1,1044 @@
+// SPDX-License-Identifier: MIT
+/*
+ * shm.c - the same-host transport between processes (design in shm.h and
+ * docs/design.md).
+ *
+ * One request is outstanding per channel (stop and wait): a requester QP
+ * executes its WQEs in order anyway, and a channel belongs to one requester
+ * QP. Sequence numbers make retransmission safe: the responder executes a
+ * request only when its seq is the next expected one, answers a repeat of
+ * the previous one from its saved answer (so a retried atomic is not applied
+ * twice), and ignores anything else.
+ */
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+enum {
+	WF_SOLICITED = 1, WF_IMM = 2, WF_INV = 4, WF_CMA = 8,
+};
+
+struct ursa_wsg {
+	uint64_t va, len;
+};
+
+struct ursa_wreq {
+	uint32_t seq, opcode, frag, flags;
+	uint32_t src_qpn, dst_qpn, qkey, rkey;
+	uint64_t raddr, len, msg_len, offset;
+	uint32_t imm, nsg;
+	uint64_t compare_add, swap;
+	uint8_t sgid[16], dgid[16];
+	uint8_t tclass, hop;
+	uint16_t pad;
+	uint32_t flow;
+	uint32_t inline_len, pad2;
+	struct ursa_wsg sg[URSA_MAX_SGE];
+	uint8_t data[URSA_SHM_INLINE];
+};
+
+struct ursa_wresp {
+	uint32_t seq, ack, why, rnr_timer;
+	uint64_t atomic_orig;
+	uint32_t inline_len, pad;
+	uint8_t data[URSA_SHM_INLINE];
+};
+
+struct ursa_chanmem {
+	uint32_t magic, version;
+	/* Each index on its own line: producers and consumers are in
+	 * different processes. */
+	_Alignas(128) atomic_uint req_tail;	/* requester produces */
+	_Alignas(128) atomic_uint req_head;	/* responder consumes */
+	_Alignas(128) atomic_uint resp_tail;	/* responder produces */
+	_Alignas(128) atomic_uint resp_head;	/* requester consumes */
+	_Alignas(128) struct ursa_wreq req[URSA_SHM_SLOTS];
+	struct ursa_wresp resp[URSA_SHM_SLOTS];
+};
+
+struct hello {
+	uint32_t magic, version;
+	uint32_t src_qpn, dst_qpn, qp_type;
+	uint32_t pad;
+	uint64_t probe_addr, probe_val;
+};
+
+struct welcome {
+	uint32_t magic, version;
+	int32_t status;		/* 0, or -errno: the target refuses */
+	uint32_t cma_ok;
+};
+
+static const uint64_t probe_value = 0x7572736170726f62ull; /* "ursaprob" */
+static volatile uint64_t probe_word = 0x7572736170726f62ull;
+
+static void sock_name(struct sockaddr_un *sa, socklen_t *len, uint32_t qpn)
+{
+	int n;
+
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	/* abstract namespace: sun_path starts with a NUL byte */
+	n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+		     "ursa/qp/%06x", qpn & 0xffffff);
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+static int epoll_add(struct ursa_engine *e, int fd, struct ursa_watch *w,
+		     uint32_t events)
+{
+	struct epoll_event ev = { .events = events, .data.ptr = w };
+
+	return epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev) ? -errno : 0;
+}
+
+int ursa_shm_listen(struct ursa_qp *qp, uint32_t qpn)
+{
+	struct sockaddr_un sa;
+	struct ursa_watch *w;
+	socklen_t len;
+	int fd, ret;
+
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	sock_name(&sa, &len, qpn);
+	if (bind(fd, (struct sockaddr *)&sa, len) || listen(fd, 64)) {
+		ret = -errno;
+		close(fd);
+		return ret;
+	}
+	w = calloc(1, sizeof(*w));
+	if (!w) {
+		close(fd);
+		return -ENOMEM;
+	}
+	w->kind = URSA_W_LISTEN;
+	w->ptr = qp;
+	qp->listen_fd = fd;
+	qp->listen_watch = w;
+	if (qp->ctx->eng) {
+		ret = epoll_add(qp->ctx->eng, fd, w, EPOLLIN);
+		if (ret) {
+			close(fd);
+			free(w);
+			qp->listen_fd = -1;
+			qp->listen_watch = NULL;
+			return ret;
+		}
+	}
+	return 0;
+}
+
+void ursa_shm_unlisten(struct ursa_qp *qp)
+{
+	struct ursa_engine *e = qp->ctx->eng;
+	struct ursa_watch *w = qp->listen_watch;
+
+	if (qp->listen_fd >= 0) {
+		if (e)
+			epoll_ctl(e->epfd, EPOLL_CTL_DEL, qp->listen_fd, NULL);
+		close(qp->listen_fd);
+	}
+	qp->listen_fd = -1;
+	qp->listen_watch = NULL;
+	if (!w)
+		return;
+	/* freed by the engine, like channels (see chan_free) */
+	w->ptr = NULL;
+	if (e) {
+		w->next = e->grave_watches;
+		e->grave_watches = w;
+	} else {
+		free(w);
+	}
+}
+
+static void *map_fd(int fd, size_t size)
+{
+	struct stat st;
+	void *p;
+
+	/* The peer chose the object: make sure it is as large as we will
+	 * touch, or a short one would SIGBUS us. */
+	if (fstat(fd, &st) || (size_t)st.st_size < size)
+		return NULL;
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void chan_release(struct ursa_chan *c)
+{
+	if (c->mem)
+		munmap(c->mem, sizeof(*c->mem));
+	if (c->peer_ctl)
+		munmap(c->peer_ctl, sizeof(*c->peer_ctl));
+	if (c->peer_efd >= 0)
+		close(c->peer_efd);
+	ursa_rstate_drop(&c->rs);
+	free(c->last_resp);
+	free(c);
+}
+
+/*
+ * Channels are freed in two steps: closing takes the socket out of the
+ * engine's epoll set and marks the channel closed; the memory is released
+ * by the engine itself at the start of its next pass (ursa_shm_reap). An
+ * event the engine already fetched may still name the channel; it finds it
+ * closed and ignores it.
+ */
+static void chan_free(struct ursa_engine *e, struct ursa_chan *c)
+{
+	if (c->sock >= 0) {
+		if (e)
+			epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->sock, NULL);
+		close(c->sock);
+		c->sock = -1;
+	}
+	c->closed = true;
+	c->state = URSA_CHAN_DEAD;
+	if (!e) {
+		chan_release(c);
+		return;
+	}
+	c->next = e->grave;
+	e->grave = c;
+}
+
+void ursa_shm_reap(struct ursa_engine *e)
+{
+	while (e->grave) {
+		struct ursa_chan *c = e->grave;
+
+		e->grave = c->next;
+		c->sock = -1;
+		chan_release(c);
+	}
+	while (e->grave_watches) {
+		struct ursa_watch *w = e->grave_watches;
+
+		e->grave_watches = w->next;
+		free(w);
+	}
+}
+
+void ursa_shm_engine_fini(struct ursa_engine *e)
+{
+	while (e->served) {
+		struct ursa_chan *c = e->served;
+
+		e->served = c->next;
+		chan_free(e, c);
+	}
+	ursa_shm_reap(e);
+}
+
+static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
+{
+	if (c->state == URSA_CHAN_DEAD)
+		return;
+	ursa_dbg("channel qp %u <-> qp %u: peer pid %d gone",
+		 c->qp ? c->qp->ex.qp_base.qp_num : 0, c->peer_qpn,
+		 (int)c->peer_pid);
+	c->state = URSA_CHAN_DEAD;
+	if (c->sock >= 0) {
+		epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->sock, NULL);
+		close(c->sock);
+		c->sock = -1;
+	}
+	ursa_rstate_drop(&c->rs);
+}
+
+static void ring_peer(struct ursa_chan *c)
+{
+	uint64_t one = 1;
+
+	/* Pairs with the peer engine's fence between setting "sleeping"
+	 * and its last look at the rings (engine.c). */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (c->peer_ctl && c->peer_efd >= 0 &&
+	    atomic_load_explicit(&c->peer_ctl->sleeping, memory_order_relaxed)) {
+		if (write(c->peer_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+			ursa_dbg("doorbell to pid %d: %s", (int)c->peer_pid,
+				 strerror(errno));
+	}
+}
+
+/* --- requester side ------------------------------------------------------ */
+
+static int send_fds(int sock, const void *msg, size_t len, const int *fds,
+		    int nfds)
+{
+	char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+	struct iovec iov = { (void *)msg, len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	struct cmsghdr *cm;
+
+	memset(cbuf, 0, sizeof(cbuf));
+	mh.msg_control = cbuf;
+	mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+	cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+	memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
+	return sendmsg(sock, &mh, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -errno;
+}
+
+/* Receive one message and up to max fds; returns the payload length or
+ * -errno. Closes fds beyond max. */
+static ssize_t recv_fds(int sock, void *msg, size_t len, int *fds, int max,
+			int *nfds)
+{
+	char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+	struct iovec iov = { msg, len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
+			     .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+	ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+
+	*nfds = 0;
+	if (n < 0)
+		return -errno;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm;
+	     cm = CMSG_NXTHDR(&mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		int *in = (int *)CMSG_DATA(cm);
+
+		for (int i = 0; i < cnt; i++) {
+			if (*nfds < max)
+				fds[(*nfds)++] = in[i];
+			else
+				close(in[i]);
+		}
+	}
+	return n;
+}
+
+static struct ursa_chan *chan_connect(struct ursa_qp *qp, uint32_t dqpn)
+{
+	struct ursa_engine *e = qp->ctx->eng;
+	struct sockaddr_un sa;
+	struct ursa_chan *c;
+	struct hello h = { 0 };
+	socklen_t len;
+	int memfd, fds[3];
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->role = URSA_CHAN_REQUESTER;
+	c->state = URSA_CHAN_CONNECTING;
+	c->qp = qp;
+	c->peer_qpn = dqpn;
+	c->peer_efd = -1;
+	c->watch.kind = URSA_W_CHAN;
+	c->watch.ptr = c;
+	c->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (c->sock < 0)
+		goto fail;
+	sock_name(&sa, &len, dqpn);
+	if (connect(c->sock, (struct sockaddr *)&sa, len))
+		goto fail;	/* no such QPN on this host (or backlog full) */
+	memfd = memfd_create("ursa-chan", MFD_CLOEXEC);
+	if (memfd < 0)
+		goto fail;
+	if (ftruncate(memfd, sizeof(*c->mem)) ||
+	    !(c->mem = map_fd(memfd, sizeof(*c->mem)))) {
+		close(memfd);
+		goto fail;
+	}
+	c->mem->magic = URSA_SHM_MAGIC;
+	c->mem->version = URSA_SHM_VERSION;
+	h.magic = URSA_SHM_MAGIC;
+	h.version = URSA_SHM_VERSION;
+	h.src_qpn = qp->ex.qp_base.qp_num;
+	h.dst_qpn = dqpn;
+	h.qp_type = qp->ex.qp_base.qp_type;
+	h.probe_addr = (uintptr_t)&probe_word;
+	h.probe_val = probe_value;
+	fds[0] = memfd;
+	fds[1] = e->ctl_fd;
+	fds[2] = e->efd;
+	if (send_fds(c->sock, &h, sizeof(h), fds, 3)) {
+		close(memfd);
+		goto fail;
+	}
+	close(memfd);
+	if (epoll_add(e, c->sock, &c->watch, EPOLLIN | EPOLLRDHUP))
+		goto fail;
+	c->next = qp->chans;
+	qp->chans = c;
+	return c;
+fail:
+	ursa_dbg("qp %u: cannot reach qp %u on this host: %s",
+		 qp->ex.qp_base.qp_num, dqpn, strerror(errno));
+	chan_free(NULL, c);
+	return NULL;
+}
+
+/* The target's answer to our hello. */
+static void chan_welcome(struct ursa_engine *e, struct ursa_chan *c)
+{
+	struct welcome wl;
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	int fds[2], nfds;
+	ssize_t n = recv_fds(c->sock, &wl, sizeof(wl), fds, 2, &nfds);
+
+	if (n == -EAGAIN)
+		return;
+	if (n != (ssize_t)sizeof(wl) || nfds != 2 || wl.magic != URSA_SHM_MAGIC ||
+	    wl.version != URSA_SHM_VERSION || wl.status ||
+	    getsockopt(c->sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl)) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		chan_dead(e, c);
+		return;
+	}
+	c->peer_ctl = map_fd(fds[0], sizeof(*c->peer_ctl));
+	close(fds[0]);
+	c->peer_efd = fds[1];
+	if (!c->peer_ctl) {
+		chan_dead(e, c);
+		return;
+	}
+	c->peer_pid = cred.pid;
+	c->cma = wl.cma_ok;
+	c->state = URSA_CHAN_READY;
+	ursa_dbg("qp %u -> qp %u (pid %d): channel ready, %s",
+		 c->qp->ex.qp_base.qp_num, c->peer_qpn, (int)c->peer_pid,
+		 c->cma ? "cross-memory attach" : "copies through shared memory");
+}
+
+static struct ursa_chan *chan_for(struct ursa_qp *qp, uint32_t dqpn)
+{
+	struct ursa_chan **pp, *c;
+	int n = 0;
+
+	for (pp = &qp->chans; (c = *pp); pp = &c->next, n++) {
+		if (c->peer_qpn != dqpn)
+			continue;
+		/* A dead channel to a QPN is retried once the peer may be
+		 * back (a RESET/RTR cycle, or a new process). */
+		if (c->state == URSA_CHAN_DEAD && qp->ex.qp_base.qp_type == IBV_QPT_UD) {
+			*pp = c->next;
+			chan_free(qp->ctx->eng, c);
+			break;
+		}
+		return c;
+	}
+	/* UD talks to many QPs: keep at most 64 channels. */
+	if (n >= 64 && qp->chans) {
+		struct ursa_chan **last = &qp->chans;
+
+		while ((*last)->next)
+			last = &(*last)->next;
+		chan_free(qp->ctx->eng, *last);
+		*last = NULL;
+	}
+	return chan_connect(qp, dqpn);
+}
+
+void ursa_shm_qp_close(struct ursa_qp *qp)
+{
+	struct ursa_engine *e = qp->ctx->eng;
+
+	while (qp->chans) {
+		struct ursa_chan *c = qp->chans;
+
+		qp->chans = c->next;
+		chan_free(e, c);
+	}
+	/* Channels others opened to this QP go too: their owners see the
+	 * socket close, as if this QP's process had died. */
+	if (e) {
+		for (struct ursa_chan **pp = &e->served; *pp;) {
+			struct ursa_chan *c = *pp;
+
+			if (c->qp == qp) {
+				*pp = c->next;
+				chan_free(e, c);
+			} else {
+				pp = &c->next;
+			}
+		}
+	}
+}
+
+/* Sub-list of sg covering [off, off + len). */
+static uint32_t sg_slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
+			 uint64_t len, struct ursa_sg *out)
+{
+	uint32_t k = 0;
+
+	for (uint32_t i = 0; i < n && len; i++) {
+		if (off >= sg[i].len) {
+			off -= sg[i].len;
+			continue;
+		}
+		out[k].va = sg[i].va + off;
+		out[k].len = MIN(sg[i].len - off, len);
+		len -= out[k].len;
+		off = 0;
+		k++;
+	}
+	return k;
+}
+
+static uint64_t ack_timeout(struct ursa_qp *qp)
+{
+	/* UC and UD have no ACK timeout; bound the wait for the target's
+	 * "done reading" answer so a stuck peer cannot block the queue. */
+	if (qp->ex.qp_base.qp_type != IBV_QPT_RC)
+		return 100000000ull;
+	return ursa_ack_timeout_ns(qp->attr.timeout);
+}
+
+static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
+			 struct ursa_send_wqe *w, const struct ursa_req *r,
+			 uint64_t now)
+{
+	struct ursa_chanmem *m = c->mem;
+	uint32_t tail = atomic_load_explicit(&m->req_tail, memory_order_relaxed);
+	struct ursa_wreq *q = &m->req[tail % URSA_SHM_SLOTS];
+	bool rd = r->opcode == IBV_WR_RDMA_READ;
+	bool at = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		  r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	uint64_t total = r->msg_len, off = w->xfer_off, flen;
+	struct ursa_sg part[URSA_MAX_SGE];
+
+	memset(q, 0, offsetof(struct ursa_wreq, sg));
+	q->seq = c->seq;
+	q->opcode = r->opcode;
+	q->src_qpn = r->src_qpn;
+	q->dst_qpn = c->peer_qpn;
+	q->qkey = r->qkey;
+	q->rkey = r->rkey;
+	q->imm = r->imm;
+	q->compare_add = r->compare_add;
+	q->swap = r->swap;
+	memcpy(q->sgid, r->sgid.raw, 16);
+	memcpy(q->dgid, r->dgid.raw, 16);
+	q->tclass = r->traffic_class;
+	q->hop = r->hop_limit;
+	q->flow = r->flow_label;
+	q->flags = (r->solicited ? WF_SOLICITED : 0) |
+		   (r->has_imm ? WF_IMM : 0) | (r->invalidate ? WF_INV : 0);
+	q->msg_len = total;
+	if (at) {
+		flen = 8;
+		q->frag = URSA_FRAG_ONLY;
+	} else if (total <= URSA_SHM_INLINE || !c->cma) {
+		/* Through the slot, in fragments if need be. */
+		flen = MIN(total - off, (uint64_t)URSA_SHM_INLINE);
+		q->frag = (off == 0 ? URSA_FRAG_FIRST : 0) |
+			  (off + flen == total ? URSA_FRAG_LAST : 0);
+		if (!rd && flen) {
+			struct ursa_sg d = { (uintptr_t)q->data, flen };
+			uint32_t k = sg_slice(r->src, r->nsrc, off, flen, part);
+
+			ursa_sg_copy(&d, 1, part, k, flen);
+			q->inline_len = (uint32_t)flen;
+		}
+		atomic_fetch_add(&qp->cnt.ring_bytes, flen);
+	} else {
+		/* One request for the whole message: the target copies it
+		 * straight between the MRs. */
+		const struct ursa_sg *l = rd ? r->dst : r->src;
+		uint32_t n = rd ? r->ndst : r->nsrc;
+
+		flen = total;
+		q->frag = URSA_FRAG_ONLY;
+		q->flags |= WF_CMA;
+		q->nsg = sg_slice(l, n, 0, total, part);
+		for (uint32_t i = 0; i < q->nsg; i++) {
+			q->sg[i].va = part[i].va;
+			q->sg[i].len = part[i].len;
+		}
+		atomic_fetch_add(&qp->cnt.cma_bytes, flen);
+	}
+	q->offset = off;
+	q->len = flen;
+	q->raddr = r->remote_addr + (rd || r->opcode == IBV_WR_RDMA_WRITE ||
+				     r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ?
+				     off : 0);
+	/* Release: the slot is complete before the responder sees it. */
+	atomic_store_explicit(&m->req_tail, tail + 1, memory_order_release);
+	w->inflight = true;
+	w->deadline_ns = ack_timeout(qp) == UINT64_MAX ? UINT64_MAX :
+						       now + ack_timeout(qp);
+	ring_peer(c);
+}
+
+/* The answer to our outstanding request, if it is there. Stale answers
+ * (to an earlier transmission) are skipped. */
+static struct ursa_wresp *peek_resp(struct ursa_chan *c)
+{
+	struct ursa_chanmem *m = c->mem;
+
+	for (;;) {
+		uint32_t head = atomic_load_explicit(&m->resp_head, memory_order_relaxed);
+		uint32_t tail = atomic_load_explicit(&m->resp_tail, memory_order_acquire);
+		struct ursa_wresp *p;
+
+		if (tail - head == 0 || tail - head > URSA_SHM_SLOTS)
+			return NULL;
+		p = &m->resp[head % URSA_SHM_SLOTS];
+		if (p->seq == c->seq)
+			return p;
+		atomic_store_explicit(&m->resp_head, head + 1, memory_order_release);
+	}
+}
+
+bool ursa_shm_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
+{
+	struct ursa_chan *c;
+
+	if (w->connecting) {
+		/* waiting for the welcome (or the refusal) */
+		for (c = qp->chans; c; c = c->next)
+			if (c->state != URSA_CHAN_CONNECTING)
+				return true;
+		return now >= w->not_before_ns;
+	}
+	if (!w->inflight)
+		return now >= w->not_before_ns;
+	if (now >= w->deadline_ns)
+		return true;
+	for (c = qp->chans; c; c = c->next)
+		if (c->state == URSA_CHAN_READY && peek_resp(c))
+			return true;
+	return false;
+}
+
+int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		  const struct ursa_req *r, uint64_t now,
+		  struct ursa_resp *resp, uint64_t *until)
+{
+	bool rc = qp->ex.qp_base.qp_type == IBV_QPT_RC;
+	uint32_t dqpn = r->type == IBV_QPT_UD ? w->remote_qpn : qp->attr.dest_qp_num;
+	struct ursa_chan *c = chan_for(qp, dqpn & 0xffffff);
+	struct ursa_wresp *p;
+
+	memset(resp, 0, sizeof(*resp));
+	w->connecting = false;
+	if (!c || c->state == URSA_CHAN_DEAD) {
+		/* Nobody answers. UC/UD never know; RC waits for its ACK
+		 * timeout like for a lost packet. */
+		if (!rc) {
+			resp->ack = URSA_DROPPED;
+			resp->why = URSA_WHY_UNREACHABLE;
+			return 1;
+		}
+		if (!w->inflight) {
+			w->inflight = true;
+			w->deadline_ns = ack_timeout(qp) == UINT64_MAX ?
+				UINT64_MAX : now + ack_timeout(qp);
+		}
+		goto wait;
+	}
+	if (c->state == URSA_CHAN_CONNECTING) {
+		w->connecting = true;
+		*until = now + 1000000000ull; /* the welcome wakes us earlier */
+		return 0;
+	}
+	if (!w->inflight) {
+		push_request(qp, c, w, r, now);
+		goto wait_nocheck;
+	}
+	p = peek_resp(c);
+	if (!p)
+		goto wait;
+	resp->ack = p->ack <= URSA_DROPPED ? (enum ursa_ack)p->ack : URSA_NAK_OP_ERR;
+	resp->why = p->why;
+	resp->rnr_timer = (uint8_t)p->rnr_timer;
+	resp->atomic_orig = p->atomic_orig;
+	if (resp->ack == URSA_ACK && r->opcode == IBV_WR_RDMA_READ && p->inline_len) {
+		/* Inline READ data lands in our own WQE's buffers (checked by
+		 * the requester), never where the peer says. */
+		uint64_t n = MIN((uint64_t)p->inline_len, r->msg_len - w->xfer_off);
+		struct ursa_sg part[URSA_MAX_SGE];
+		struct ursa_sg s = { (uintptr_t)p->data, n };
+		uint32_t k = sg_slice(r->dst, r->ndst, w->xfer_off, n, part);
+
+		ursa_sg_copy(part, k, &s, 1, n);
+	}
+	atomic_store_explicit(&c->mem->resp_head,
+			      atomic_load(&c->mem->resp_head) + 1,
+			      memory_order_release);
+	w->inflight = false;
+	if (resp->ack != URSA_ACK) {
+		if (resp->ack == URSA_DROPPED && rc)
+			goto timeout; /* RC: an explicit drop is "no answer" */
+		return 1;
+	}
+	c->seq++;
+	if (r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	    r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+		return 1;
+	/* Acknowledged a fragment: the next one goes now. */
+	{
+		uint64_t sent = (r->msg_len <= URSA_SHM_INLINE || !c->cma) ?
+			MIN(r->msg_len - w->xfer_off, (uint64_t)URSA_SHM_INLINE) :
+			r->msg_len;
+
+		w->xfer_off += sent;
+	}
+	if (w->xfer_off >= r->msg_len)
+		return 1;
+	push_request(qp, c, w, r, now);
+	goto wait_nocheck;
+wait:
+	if (now < w->deadline_ns) {
+wait_nocheck:
+		*until = w->deadline_ns;
+		return 0;
+	}
+timeout:
+	/* No answer in time (IBTA 9.7.6.1.3): retransmit the same request
+	 * (same seq) until retry_cnt runs out. */
+	w->inflight = false;
+	if (!rc) {
+		resp->ack = URSA_DROPPED;
+		return 1;
+	}
+	if (!w->retry_left) {
+		resp->ack = URSA_DROPPED;
+		resp->why = c && c->state != URSA_CHAN_DEAD ? URSA_WHY_NOT_READY :
+							      URSA_WHY_PEER_DEAD;
+		resp->final = true;
+		return 1;
+	}
+	w->retry_left--;
+	atomic_fetch_add(&qp->cnt.retries, 1);
+	if (c && c->state == URSA_CHAN_READY) {
+		push_request(qp, c, w, r, now);
+	} else {
+		w->inflight = true;
+		w->deadline_ns = now + ack_timeout(qp);
+	}
+	*until = w->deadline_ns;
+	return 0;
+}
+
+/* --- responder side ------------------------------------------------------ */
+
+static void accept_chan(struct ursa_engine *e, struct ursa_qp *qp)
+{
+	for (;;) {
+		int s = accept4(qp->listen_fd, NULL, NULL,
+				SOCK_CLOEXEC | SOCK_NONBLOCK);
+		struct ursa_chan *c;
+
+		if (s < 0)
+			return;
+		c = calloc(1, sizeof(*c));
+		if (!c) {
+			close(s);
+			return;
+		}
+		c->role = URSA_CHAN_RESPONDER;
+		c->state = URSA_CHAN_CONNECTING;
+		c->sock = s;
+		c->qp = qp;
+		c->peer_efd = -1;
+		c->watch.kind = URSA_W_CHAN;
+		c->watch.ptr = c;
+		if (epoll_add(e, s, &c->watch, EPOLLIN | EPOLLRDHUP)) {
+			chan_free(NULL, c);
+			continue;
+		}
+		c->next = e->served;
+		e->served = c;
+	}
+}
+
+static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
+{
+	struct hello h;
+	struct welcome wl = { URSA_SHM_MAGIC, URSA_SHM_VERSION, 0, 0 };
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	int fds[3], nfds, out[2];
+	ssize_t n = recv_fds(c->sock, &h, sizeof(h), fds, 3, &nfds);
+
+	if (n == -EAGAIN)
+		return;
+	if (n != (ssize_t)sizeof(h) || nfds != 3 || h.magic != URSA_SHM_MAGIC ||
+	    h.version != URSA_SHM_VERSION ||
+	    getsockopt(c->sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl)) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		chan_dead(e, c);
+		return;
+	}
+	c->mem = map_fd(fds[0], sizeof(*c->mem));
+	c->peer_ctl = map_fd(fds[1], sizeof(*c->peer_ctl));
+	close(fds[0]);
+	close(fds[1]);
+	c->peer_efd = fds[2];
+	c->peer_pid = cred.pid;	/* the kernel's word, not the hello's */
+	c->peer_qpn = h.src_qpn & 0xffffff;
+	c->last_resp = calloc(1, sizeof(struct ursa_wresp));
+	if (!c->mem || !c->peer_ctl || !c->last_resp ||
+	    c->mem->magic != URSA_SHM_MAGIC) {
+		chan_dead(e, c);
+		return;
+	}
+	if (h.qp_type != c->qp->ex.qp_base.qp_type)
+		wl.status = -EPROTOTYPE;
+	/* Can we reach the requester's memory? Try it on a word whose value
+	 * we know. URSA_CMA=0 forces the slot path (tests, benchmarks). */
+	if (ursa_env_long("URSA_CMA", 1, 0, 1)) {
+		uint64_t v = 0;
+		struct iovec l = { &v, 8 }, rv = { (void *)(uintptr_t)h.probe_addr, 8 };
+
+		wl.cma_ok = process_vm_readv(c->peer_pid, &l, 1, &rv, 1, 0) == 8 &&
+			    v == h.probe_val;
+	}
+	c->cma = wl.cma_ok;
+	out[0] = e->ctl_fd;
+	out[1] = e->efd;
+	if (send_fds(c->sock, &wl, sizeof(wl), out, 2) || wl.status) {
+		chan_dead(e, c);
+		return;
+	}
+	c->state = URSA_CHAN_READY;
+}
+
+void ursa_shm_event(struct ursa_engine *e, struct ursa_watch *w,
+		    uint32_t events)
+{
+	struct ursa_chan *c;
+
+	if (!w->ptr)
+		return;	/* closed while the event was on its way */
+	if (w->kind == URSA_W_LISTEN) {
+		accept_chan(e, w->ptr);
+		return;
+	}
+	c = w->ptr;
+	if (c->closed)
+		return;
+	if (c->state == URSA_CHAN_CONNECTING && (events & EPOLLIN)) {
+		if (c->role == URSA_CHAN_REQUESTER)
+			chan_welcome(e, c);
+		else
+			serve_hello(e, c);
+		if (c->state == URSA_CHAN_DEAD)
+			return;
+		events &= ~(uint32_t)EPOLLIN;
+	}
+	if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR | EPOLLIN)) {
+		char b;
+
+		/* After the handshake a channel socket carries nothing:
+		 * readable means closed. */
+		if (recv(c->sock, &b, 1, MSG_DONTWAIT) != -1 || errno != EAGAIN)
+			chan_dead(e, c);
+	}
+}
+
+static bool req_waiting(struct ursa_chan *c)
+{
+	uint32_t t, h;
+
+	if (c->state != URSA_CHAN_READY)
+		return false;
+	t = atomic_load_explicit(&c->mem->req_tail, memory_order_acquire);
+	h = atomic_load_explicit(&c->mem->req_head, memory_order_relaxed);
+	return t != h;
+}
+
+bool ursa_shm_serve_pending(struct ursa_engine *e)
+{
+	for (struct ursa_chan *c = e->served; c; c = c->next)
+		if (req_waiting(c))
+			return true;
+	return false;
+}
+
+static void push_resp(struct ursa_chan *c, const struct ursa_wresp *src,
+		      size_t len)
+{
+	struct ursa_chanmem *m = c->mem;
+	uint32_t tail = atomic_load_explicit(&m->resp_tail, memory_order_relaxed);
+
+	memcpy(&m->resp[tail % URSA_SHM_SLOTS], src, len);
+	/* Release: the answer is complete before the requester sees it. */
+	atomic_store_explicit(&m->resp_tail, tail + 1, memory_order_release);
+	ring_peer(c);
+}
+
+/* Execute one request from the ring. Every field is the peer's word:
+ * bound it before use. */
+static void serve_one(struct ursa_chan *c, const struct ursa_wreq *q)
+{
+	struct ursa_qp *tqp = c->qp;
+	struct ursa_wresp *out = c->last_resp;
+	struct ursa_sg sg[URSA_MAX_SGE], slot;
+	struct ursa_req r = { 0 };
+	struct ursa_resp resp;
+	size_t olen = offsetof(struct ursa_wresp, data);
+	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
+
+	if (q->seq == c->seq - 1 && out->seq == q->seq) {
+		/* A retransmission of what we already executed: answer it
+		 * again, do not execute it again (IBTA 9.7.5.1.3). */
+		push_resp(c, out, olen + out->inline_len);
+		return;
+	}
+	if (q->seq != c->seq)
+		return;	/* out of sequence: dropped */
+	r.opcode = q->opcode;
+	r.frag = q->frag & URSA_FRAG_ONLY;
+	r.type = tqp->ex.qp_base.qp_type;
+	r.src_qpn = c->peer_qpn;
+	r.qkey = q->qkey;
+	r.rkey = q->rkey;
+	r.remote_addr = q->raddr;
+	r.len = q->len;
+	r.msg_len = q->msg_len;
+	r.offset = q->offset;
+	r.imm = q->imm;
+	r.has_imm = q->flags & WF_IMM;
+	r.invalidate = q->flags & WF_INV;
+	r.solicited = q->flags & WF_SOLICITED;
+	r.compare_add = q->compare_add;
+	r.swap = q->swap;
+	r.peer = c->peer_pid;
+	memcpy(r.sgid.raw, q->sgid, 16);
+	memcpy(r.dgid.raw, q->dgid, 16);
+	r.traffic_class = q->tclass;
+	r.hop_limit = q->hop;
+	r.flow_label = q->flow;
+	memset(out, 0, olen);
+	out->seq = q->seq;
+	if (q->len > URSA_MAX_MSG_SZ || q->msg_len > URSA_MAX_MSG_SZ ||
+	    q->offset > q->msg_len || q->nsg > URSA_MAX_SGE ||
+	    ((q->flags & WF_CMA) && !c->cma)) {
+		resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+		resp.why = URSA_WHY_OPCODE;
+		goto answer;
+	}
+	if (q->flags & WF_CMA) {
+		uint64_t tot = 0;
+
+		for (uint32_t i = 0; i < q->nsg; i++) {
+			sg[i].va = q->sg[i].va;
+			sg[i].len = q->sg[i].len;
+			tot += q->sg[i].len;
+		}
+		if (tot < q->len) {
+			resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+			resp.why = URSA_WHY_OPCODE;
+			goto answer;
+		}
+		if (q->opcode == IBV_WR_RDMA_READ) {
+			r.dst = sg;
+			r.ndst = q->nsg;
+			r.dst_remote = true;
+		} else {
+			r.src = sg;
+			r.nsrc = q->nsg;
+			r.src_remote = true;
+		}
+	} else if (q->opcode == IBV_WR_RDMA_READ) {
+		if (q->len > URSA_SHM_INLINE) {
+			resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+			resp.why = URSA_WHY_OPCODE;
+			goto answer;
+		}
+		/* Small READ: the data rides back in the answer's slot. */
+		slot.va = (uintptr_t)out->data;
+		slot.len = q->len;
+		r.dst = &slot;
+		r.ndst = 1;
+	} else {
+		uint32_t il = q->inline_len; /* bounded by the snapshot */
+
+		if (il < q->len && q->opcode != IBV_WR_ATOMIC_CMP_AND_SWP &&
+		    q->opcode != IBV_WR_ATOMIC_FETCH_AND_ADD) {
+			resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+			resp.why = URSA_WHY_OPCODE;
+			goto answer;
+		}
+		/* Copy out of the shared slot first: the peer could change
+		 * it while we read. */
+		slot.va = (uintptr_t)q->data;
+		slot.len = il;
+		r.src = &slot;
+		r.nsrc = 1;
+	}
+	ursa_resp_execute(tqp, &r, &resp, &c->rs);
+	if (resp.ack == URSA_ACK && q->opcode == IBV_WR_RDMA_READ &&
+	    !(q->flags & WF_CMA))
+		out->inline_len = (uint32_t)q->len;
+answer:
+	out->ack = resp.ack;
+	out->why = resp.why;
+	out->rnr_timer = resp.rnr_timer;
+	out->atomic_orig = resp.atomic_orig;
+	if (resp.ack == URSA_ACK)
+		c->seq++;
+	/* RC drops are silence; UC/UD answer so the requester knows its
+	 * buffer is free again. */
+	if (resp.ack == URSA_DROPPED && rc)
+		return;
+	push_resp(c, out, olen + out->inline_len);
+}
+
+int ursa_shm_serve(struct ursa_engine *e)
+{
+	int work = 0;
+
+	for (struct ursa_chan **pp = &e->served; *pp;) {
+		struct ursa_chan *c = *pp;
+
+		if (c->state == URSA_CHAN_DEAD) {
+			*pp = c->next;
+			chan_free(e, c);
+			continue;
+		}
+		while (req_waiting(c)) {
+			uint32_t h = atomic_load_explicit(&c->mem->req_head,
+							  memory_order_relaxed);
+			uint32_t t = atomic_load_explicit(&c->mem->req_tail,
+							  memory_order_acquire);
+
+			if (t - h > URSA_SHM_SLOTS) {
+				/* a corrupt index: the peer is broken */
+				chan_dead(e, c);
+				break;
+			}
+			/* Snapshot the request: the peer may rewrite the
+			 * slot while we execute it. Header first, then only
+			 * as much inline data as it claims (bounded). */
+			static __thread struct ursa_wreq q;
+			const struct ursa_wreq *sq = &c->mem->req[h % URSA_SHM_SLOTS];
+
+			memcpy(&q, sq, offsetof(struct ursa_wreq, data));
+			q.inline_len = MIN(q.inline_len, (uint32_t)URSA_SHM_INLINE);
+			memcpy(q.data, sq->data, q.inline_len);
+			atomic_store_explicit(&c->mem->req_head, h + 1,
+					      memory_order_release);
+			serve_one(c, &q);
+			work++;
+		}
+		pp = &c->next;
+	}
+	return work;
+}

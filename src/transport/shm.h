@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shm.h - the same-host transport between processes.
+ *
+ * Discovery: every QP binds the abstract UNIX socket "\0ursa/qp/<qpn>" of
+ * its network namespace. The bind is what makes QPNs unique host-wide (a
+ * taken name fails with EADDRINUSE), it is how a requester finds the process
+ * that owns a QPN, and the kernel removes it when the process dies, so a
+ * crashed process leaves nothing behind.
+ *
+ * Channel: a requester QP connects (SOCK_SEQPACKET) to the target QP's
+ * socket and passes three descriptors: a memfd holding the channel's two
+ * rings (requests, responses), the memfd of its engine's control page (the
+ * "sleeping" flag), and its engine's doorbell eventfd. The target answers
+ * with its own control page and doorbell, and whether cross-memory attach
+ * works from it to the requester (it probes the requester's memory with
+ * process_vm_readv). The socket stays open only to notice the peer's death.
+ *
+ * Data: requests and responses are fixed slots in the shared rings. Small
+ * payloads travel inside the slot; larger ones stay where they are and the
+ * target's engine copies them once, straight between the two MRs, with
+ * process_vm_readv (WRITE, SEND) or process_vm_writev (READ). When
+ * cross-memory attach is not permitted, larger payloads travel through the
+ * slots in fragments. The target's engine executes every request (resp.c),
+ * so one-sided operations need nothing from the target application.
+ *
+ * Trust: the peer controls the shared rings. Every index is bounded by the
+ * ring size, every length and count by the slot's capacity, and data only
+ * ever lands in our memory through an rkey we check (resp.c) or into our
+ * own WQE's buffers; the peer's addresses are only used inside the peer.
+ */
+#ifndef URSA_SHM_H
+#define URSA_SHM_H
+
+#include "../engine/engine.h"
+
+#define URSA_SHM_MAGIC 0x55525341u /* "URSA" */
+#define URSA_SHM_VERSION 1
+#define URSA_SHM_SLOTS 4
+#define URSA_SHM_INLINE 8192	/* payload bytes a slot carries */
+
+enum ursa_chan_state { URSA_CHAN_CONNECTING, URSA_CHAN_READY, URSA_CHAN_DEAD };
+enum ursa_chan_role { URSA_CHAN_REQUESTER, URSA_CHAN_RESPONDER };
+
+struct ursa_chanmem;
+
+struct ursa_chan {
+	enum ursa_chan_role role;
+	enum ursa_chan_state state;
+	struct ursa_watch watch;
+	int sock;
+	struct ursa_chanmem *mem;
+	struct ursa_ctl *peer_ctl;
+	int peer_efd;
+	pid_t peer_pid;
+	bool cma;		/* the target may use cross-memory attach */
+	struct ursa_qp *qp;	/* our QP: requester or target */
+	uint32_t peer_qpn;
+	uint32_t seq;		/* requester: seq of the current request;
+				 * responder: next expected seq */
+	struct ursa_rstate rs;	/* responder: fragmented SEND in progress */
+	void *last_resp;	/* responder: last response, for duplicates */
+	bool closed;		/* waiting in the engine's graveyard */
+	struct ursa_chan *next;
+};
+
+/* QPN registry: bind the QP's socket; -EADDRINUSE if the QPN is taken. */
+int ursa_shm_listen(struct ursa_qp *qp, uint32_t qpn);
+void ursa_shm_unlisten(struct ursa_qp *qp);
+/* Close every channel of a QP (it is being destroyed or reset). */
+void ursa_shm_qp_close(struct ursa_qp *qp);
+
+/* Engine hooks (called with ctx->qp_lock held). */
+void ursa_shm_reap(struct ursa_engine *e);
+void ursa_shm_engine_fini(struct ursa_engine *e);
+void ursa_shm_event(struct ursa_engine *e, struct ursa_watch *w,
+		    uint32_t events);
+int ursa_shm_serve(struct ursa_engine *e);
+bool ursa_shm_serve_pending(struct ursa_engine *e);
+
+/* Requester step for a WQE whose target is another process: returns 1 with
+ * resp filled when the WQE's fate is known, 0 while it waits (until at
+ * most *until). */
+int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		  const struct ursa_req *r, uint64_t now,
+		  struct ursa_resp *resp, uint64_t *until);
+/* Whether a WQE waiting in ursa_shm_step has news. */
+bool ursa_shm_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
+
+#endif
