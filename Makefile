@@ -37,7 +37,14 @@ FUNC_BIN := $(FUNC_SRC:tests/func/%.c=$(BUILD)/tests/func_%)
 HARNESS := tests/harness.c
 
 .PHONY: all test sanitize demo install clean tests
-all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa
+STUBS := $(BUILD)/lib/libmlx5.so.1 $(BUILD)/lib/libefa.so.1
+all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(STUBS)
+
+# Stand-ins for the provider libraries perftest links against.
+$(BUILD)/lib/lib%.so.1: src/stubs/%.c src/stubs/%.map
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,lib$*.so.1 \
+		-Wl,--version-script=src/stubs/$*.map $(LDFLAGS) -o $@ $<
 
 $(BUILD)/obj/%.o: %.c $(wildcard src/*/*.h) include/ursa/ursa.h
 	@mkdir -p $(dir $@)
@@ -86,7 +93,7 @@ demo: all
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PREFIX)/bin \
 		$(DESTDIR)$(PREFIX)/include/ursa
-	install -m 755 $(LIB) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIB) $(STUBS) $(DESTDIR)$(LIBDIR)/
 	ln -sf libibverbs.so.1 $(DESTDIR)$(LIBDIR)/libibverbs.so
 	install -m 644 include/ursa/ursa.h $(DESTDIR)$(PREFIX)/include/ursa/
 	install -m 755 $(BUILD)/bin/ursa $(DESTDIR)$(PREFIX)/bin/ursa

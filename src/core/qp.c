@@ -433,6 +433,18 @@ void ursa_sq_publish(struct ursa_qp *qp, uint32_t n)
 	if (!n)
 		return;
 	ursa_ring_produce(&qp->sq, n);
+	/* Start the work right here when the engine is not busy with
+	 * another pass (kernel bypass: no system call, no context switch);
+	 * wake the engine only if something is left that nobody started. */
+	if (ursa_engine_progress(qp->ctx) >= 0) {
+		struct ursa_send_wqe *w;
+
+		if (!ursa_ring_ready(&qp->sq))
+			return;
+		w = ursa_ring_peek(&qp->sq);
+		if (w->started && ursa_ring_ready(&qp->sq) == 1)
+			return;	/* in flight: its answer rings our doorbell */
+	}
 	ursa_engine_kick(qp->ctx->eng);
 }
 

@@ -34,16 +34,49 @@
 
 #define EVENT_POLL_NS 200000ull	/* a busy engine still looks at sockets */
 
-static bool any_pending(struct ursa_ctx *ctx, uint64_t now)
+static bool any_pending(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
 {
 	bool p;
 
 	pthread_mutex_lock(&ctx->qp_lock);
 	p = ursa_shm_serve_pending(ctx->eng);
 	for (struct ursa_qp *qp = ctx->qps; qp && !p; qp = qp->next)
-		p = ursa_req_pending(qp, now);
+		p = ursa_req_pending(qp, now, deadline);
 	pthread_mutex_unlock(&ctx->qp_lock);
 	return p;
+}
+
+/* Serve channels and run send queues; caller holds ctx->qp_lock. */
+static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
+{
+	int work = ursa_shm_serve(ctx->eng);
+
+	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
+		work += ursa_req_process(qp, now, deadline);
+	return work;
+}
+
+int ursa_engine_progress(struct ursa_ctx *ctx)
+{
+	struct ursa_engine *e = ctx->eng;
+	uint64_t deadline = UINT64_MAX;
+	int work;
+
+	if (!e || pthread_mutex_trylock(&ctx->qp_lock))
+		return -EBUSY;
+	work = pass(ctx, ursa_now_ns(), &deadline);
+	pthread_mutex_unlock(&ctx->qp_lock);
+	atomic_fetch_add_explicit(&e->inline_passes, 1, memory_order_relaxed);
+	/* A timer set here that is earlier than the sleeping engine's
+	 * wake-up time would be missed: wake it to re-arm. seq_cst pairs
+	 * with the engine storing sleep_until before its last check. */
+	if (deadline < atomic_load(&e->sleep_until)) {
+		uint64_t one = 1;
+
+		if (write(e->efd, &one, sizeof(one)) < 0)
+			ursa_err("doorbell: %s", strerror(errno));
+	}
+	return work;
 }
 
 static void handle_events(struct ursa_engine *e, int timeout_ms)
@@ -83,10 +116,10 @@ static void *engine_main(void *arg)
 		int work = 0;
 
 		pthread_mutex_lock(&ctx->qp_lock);
+		/* Only the engine frees closed channels: it alone may hold
+		 * events that still name them. */
 		ursa_shm_reap(e);
-		work += ursa_shm_serve(e);
-		for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
-			work += ursa_req_process(qp, now, &deadline);
+		work += pass(ctx, now, &deadline);
 		pthread_mutex_unlock(&ctx->qp_lock);
 		if (now - last_events > EVENT_POLL_NS) {
 			/* connection requests and peer deaths, even when
@@ -104,12 +137,14 @@ static void *engine_main(void *arg)
 			ursa_cpu_relax();
 			continue;
 		}
+		atomic_store(&e->sleep_until, deadline);
 		atomic_store(&e->ctl->sleeping, 1);
 		atomic_thread_fence(memory_order_seq_cst);
-		if (!any_pending(ctx, ursa_now_ns()) &&
+		if (!any_pending(ctx, ursa_now_ns(), &deadline) &&
 		    !atomic_load(&e->stop)) {
 			int ms = -1;
 
+			atomic_store(&e->sleep_until, deadline);
 			now = ursa_now_ns();
 			if (deadline != UINT64_MAX)
 				ms = deadline > now ?
@@ -120,6 +155,7 @@ static void *engine_main(void *arg)
 			atomic_fetch_add(&e->wakeups, 1);
 		}
 		atomic_store(&e->ctl->sleeping, 0);
+		atomic_store(&e->sleep_until, 0);
 		idle_since = 0;
 	}
 	return NULL;

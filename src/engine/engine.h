@@ -40,7 +40,10 @@ struct ursa_engine {
 	int ctl_fd;		/* memfd of the ctl page */
 	struct ursa_ctl *ctl;
 	atomic_int stop;
-	atomic_uint_fast64_t wakeups, doorbells;
+	/* while asleep: when the engine will wake by itself (0 = awake);
+	 * application threads that set an earlier timer must wake it */
+	atomic_uint_fast64_t sleep_until;
+	atomic_uint_fast64_t wakeups, doorbells, inline_passes;
 	uint64_t spin_ns;
 	struct ursa_chan *served;  /* channels whose target QP is ours */
 	struct ursa_chan *grave;   /* closed, freed at the next pass */
@@ -59,6 +62,11 @@ int ursa_engine_start(struct ursa_ctx *ctx);
 void ursa_engine_stop(struct ursa_ctx *ctx);
 /* Doorbell: wakes the engine if (and only if) it sleeps. */
 void ursa_engine_kick(struct ursa_engine *e);
+/* One engine pass on the calling (application) thread, if the engine is
+ * not in the middle of one: ibv_poll_cq and ibv_post_send make progress
+ * themselves instead of waiting for a context switch. Returns the work
+ * done, or -EBUSY. */
+int ursa_engine_progress(struct ursa_ctx *ctx);
 
 /* A scatter/gather element already translated to process memory. */
 struct ursa_sg {
@@ -151,8 +159,9 @@ void ursa_rstate_drop(struct ursa_rstate *rs);
 /* req.c: run a QP's send queue; returns WQEs processed, lowers *deadline
  * to the earliest time a deferred WQE becomes due. */
 int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);
-/* Whether the QP has work the engine can do now. */
-bool ursa_req_pending(struct ursa_qp *qp, uint64_t now);
+/* Whether the QP has work the engine can do now; lowers *deadline to the
+ * time its head WQE becomes due otherwise. */
+bool ursa_req_pending(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);
 
 /* Copy len bytes from src to dst lists; the last byte is stored last with
  * release ordering, so a reader spinning on it sees the whole message. */

@@ -536,10 +536,11 @@ static bool wqe_due(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 	return w->not_before_ns <= now;
 }
 
-bool ursa_req_pending(struct ursa_qp *qp, uint64_t now)
+bool ursa_req_pending(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 {
 	int st = qp_state(qp);
 	struct ursa_send_wqe *w;
+	uint64_t d;
 
 	if (!ursa_ring_ready(&qp->sq))
 		return false;
@@ -548,7 +549,12 @@ bool ursa_req_pending(struct ursa_qp *qp, uint64_t now)
 	if (st != IBV_QPS_RTS)
 		return false;
 	w = ursa_ring_peek(&qp->sq);
-	return !w->started || wqe_due(qp, w, now);
+	if (!w->started || wqe_due(qp, w, now))
+		return true;
+	d = w->inflight ? w->deadline_ns : w->not_before_ns;
+	if (d < *deadline)
+		*deadline = d;
+	return false;
 }
 
 int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)

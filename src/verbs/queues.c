@@ -67,7 +67,15 @@ EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe)
 
 int uv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
-	return ursa_cq_poll(to_ucq(cq), n, wc);
+	int got = ursa_cq_poll(to_ucq(cq), n, wc);
+
+	/* Nothing yet: do the engine's work on this thread rather than
+	 * wait for it to be scheduled (two busy pollers on two cores would
+	 * otherwise starve the engines). */
+	if (got == 0 && n > 0 &&
+	    ursa_engine_progress(to_uctx(cq->context)) > 0)
+		got = ursa_cq_poll(to_ucq(cq), n, wc);
+	return got;
 }
 
 int uv_req_notify_cq(struct ibv_cq *cq, int solicited_only)
