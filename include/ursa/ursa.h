@@ -53,6 +53,11 @@ struct ursa_qp_stats {
 	uint64_t rnr_naks;	/* RNR NAKs this QP answered as responder */
 	uint64_t retries;	/* requester retransmissions (ACK timeout) */
 	uint64_t errors;	/* error completions and refused requests */
+	/* bytes this QP sent, by path: to a QP of the same process; through
+	 * shared-memory slots (small messages, or when cross-memory attach
+	 * is not permitted); by cross-memory attach, one copy straight
+	 * between the two MRs */
+	uint64_t loop_bytes, ring_bytes, cma_bytes;
 };
 
 int ursa_qp_stats(struct ibv_qp *qp, struct ursa_qp_stats *st);

@@ -306,6 +306,10 @@ static inline int qp_state(struct ursa_qp *qp)
 	return atomic_load_explicit(&qp->state, memory_order_acquire);
 }
 
+struct ursa_engine;
+/* engine.c: in a fork child, close the sockets of an inherited engine. */
+void ursa_engine_forget(struct ursa_engine *e);
+
 /* device.c */
 struct ursa_device *ursa_device_get(void);
 int ursa_device_refresh_gids(struct ursa_device *dev);

@@ -235,6 +235,26 @@ static void follow_netdev(struct ursa_device *d)
 	memcpy(&d->node_guid, g, 8);
 }
 
+void ursa_loop_atfork_child(void);
+
+/* The child of fork() starts with a device of its own: no keys, no pins
+ * (mlock is not inherited), no contexts, no QPs (see loop.c). */
+static void dev_atfork_child(void)
+{
+	struct ursa_device *d = &the_dev;
+
+	for (struct ursa_ctx *c = d->ctxs; c; c = c->next_ctx)
+		if (c->eng)
+			ursa_engine_forget(c->eng);
+	d->ctxs = NULL;
+	pthread_mutex_init(&d->ctx_lock, NULL);
+	d->keys.slots = NULL;
+	ursa_keytab_init(&d->keys, 1024);
+	d->pins.segs = NULL;
+	ursa_pinmap_init(&d->pins, &real_pin_ops, memlock_limit());
+	ursa_loop_atfork_child();
+}
+
 static void dev_init(void)
 {
 	struct ursa_device *d = &the_dev;
@@ -256,6 +276,7 @@ static void dev_init(void)
 	ursa_device_refresh_gids(d);
 	dev_err = ursa_keytab_init(&d->keys, 1024);
 	ursa_pinmap_init(&d->pins, &real_pin_ops, memlock_limit());
+	pthread_atfork(NULL, NULL, dev_atfork_child);
 }
 
 struct ursa_device *ursa_device_get(void)

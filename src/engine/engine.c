@@ -230,6 +230,16 @@ err:
 	return ret;
 }
 
+void ursa_engine_forget(struct ursa_engine *e)
+{
+	for (struct ursa_chan *c = e->served; c; c = c->next)
+		ursa_shm_forget(c);
+	/* the child must not take doorbells meant for the parent's engine */
+	close(e->epfd);
+	e->epfd = -1;
+	e->forked = true;
+}
+
 void ursa_engine_stop(struct ursa_ctx *ctx)
 {
 	struct ursa_engine *e = ctx->eng;
@@ -237,6 +247,15 @@ void ursa_engine_stop(struct ursa_ctx *ctx)
 
 	if (!e)
 		return;
+	if (e->forked) {
+		ctx->eng = NULL;
+		/* inherited through fork: the thread lives in the parent;
+		 * release only our copies of its descriptors */
+		munmap(e->ctl, 4096);
+		close(e->ctl_fd);
+		close(e->efd);
+		return;
+	}
 	atomic_store_explicit(&e->stop, 1, memory_order_release);
 	if (write(e->efd, &one, sizeof(one)) < 0)
 		ursa_err("engine stop: %s", strerror(errno));

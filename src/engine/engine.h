@@ -40,6 +40,7 @@ struct ursa_engine {
 	int ctl_fd;		/* memfd of the ctl page */
 	struct ursa_ctl *ctl;
 	atomic_int stop;
+	bool forked;		/* a copy inherited by a fork child */
 	/* while asleep: when the engine will wake by itself (0 = awake);
 	 * application threads that set an earlier timer must wake it */
 	atomic_uint_fast64_t sleep_until;
@@ -182,6 +183,7 @@ uint64_t ursa_ack_timeout_ns(uint8_t code);
 int ursa_loop_add(struct ursa_qp *qp);
 void ursa_loop_del(struct ursa_qp *qp);
 bool ursa_gid_is_local(const union ibv_gid *g);
+void ursa_loop_atfork_child(void);
 /* Target QP for (dgid, qpn) with a reference, or NULL when unreachable. */
 struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn);
 void ursa_loop_put(struct ursa_qp *qp);

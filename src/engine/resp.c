@@ -188,6 +188,7 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 	int64_t room;
 	int e;
 
+	local.active = false;
 	if (!rs && !(first && last)) {
 		resp->ack = URSA_DROPPED;
 		resp->why = URSA_WHY_OPCODE;
@@ -206,6 +207,8 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		}
 		pthread_mutex_unlock(lk);
 		st->nsg = 0;
+		for (uint32_t i = 0; i < URSA_MAX_SGE; i++)
+			st->refs[i].k = NULL;
 		room = write_imm ? 0 : map_recv(tqp, &st->w, st->sg, st->refs,
 						&st->nsg);
 		wc.wr_id = st->w.wr_id;

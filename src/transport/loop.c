@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NBUCKETS 4096
 
@@ -115,6 +116,32 @@ struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn)
 		atomic_fetch_add_explicit(&qp->refs, 1, memory_order_relaxed);
 	pthread_rwlock_unlock(&tab_lock);
 	return qp;
+}
+
+/*
+ * fork(): the child inherits copies of the parent's QPs, channels and
+ * sockets, but no engine thread serves them. The child must neither
+ * deliver to the copies (they are the parent's QPs) nor keep the parent's
+ * sockets open (a dead parent's QPNs would stay taken), so it drops every
+ * inherited registration. Memory of the copies is left alone: freeing
+ * objects another thread was using at fork time is not safe.
+ */
+void ursa_loop_atfork_child(void)
+{
+	for (unsigned b = 0; b < NBUCKETS; b++) {
+		while (buckets[b]) {
+			struct bucket_ent *e = buckets[b];
+
+			buckets[b] = e->next;
+			if (e->qp->listen_fd >= 0)
+				close(e->qp->listen_fd);
+			for (struct ursa_chan *c = e->qp->chans; c; c = c->next)
+				if (c->sock >= 0)
+					close(c->sock);
+			free(e);
+		}
+	}
+	pthread_rwlock_init(&tab_lock, NULL);
 }
 
 void ursa_loop_put(struct ursa_qp *qp)

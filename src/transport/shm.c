@@ -233,6 +233,13 @@ void ursa_shm_reap(struct ursa_engine *e)
 	}
 }
 
+void ursa_shm_forget(struct ursa_chan *c)
+{
+	if (c->sock >= 0)
+		close(c->sock);
+	c->sock = -1;
+}
+
 void ursa_shm_engine_fini(struct ursa_engine *e)
 {
 	while (e->served) {

@@ -73,6 +73,7 @@ void ursa_shm_qp_close(struct ursa_qp *qp);
 /* Engine hooks (called with ctx->qp_lock held). */
 void ursa_shm_reap(struct ursa_engine *e);
 void ursa_shm_engine_fini(struct ursa_engine *e);
+void ursa_shm_forget(struct ursa_chan *c);
 void ursa_shm_event(struct ursa_engine *e, struct ursa_watch *w,
 		    uint32_t events);
 int ursa_shm_serve(struct ursa_engine *e);

@@ -88,6 +88,9 @@ EXPORT int ursa_qp_stats(struct ibv_qp *ibqp, struct ursa_qp_stats *st)
 	st->rnr_naks = atomic_load(&qp->cnt.rnr_naks);
 	st->retries = atomic_load(&qp->cnt.retries);
 	st->errors = atomic_load(&qp->cnt.errors);
+	st->loop_bytes = atomic_load(&qp->cnt.loop_bytes);
+	st->ring_bytes = atomic_load(&qp->cnt.ring_bytes);
+	st->cma_bytes = atomic_load(&qp->cnt.cma_bytes);
 	return 0;
 }
 

@@ -1,0 +1,836 @@
+// SPDX-License-Identifier: MIT
+/*
+ * procs.c (functional) - RDMA between processes of one host, as real
+ * programs use it: each process opens the device, creates its QP and MR,
+ * the two exchange (QPN, address, rkey) over a socket, connect, and move
+ * data. The target process of one-sided operations makes no verbs call.
+ */
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#include <ursa/ursa.h>
+
+#include "common.h"
+
+struct xinfo {
+	uint32_t qpn;
+	uint32_t rkey;
+	uint64_t addr;
+	uint64_t value;
+};
+
+static int xsend(int fd, const struct xinfo *x)
+{
+	return write(fd, x, sizeof(*x)) == (ssize_t)sizeof(*x) ? 0 : -1;
+}
+
+static int xrecv(int fd, struct xinfo *x)
+{
+	size_t got = 0;
+
+	while (got < sizeof(*x)) {
+		ssize_t n = read(fd, (char *)x + got, sizeof(*x) - got);
+
+		if (n <= 0)
+			return -1;
+		got += (size_t)n;
+	}
+	return 0;
+}
+
+/* One side: device, PD, CQ, QP and a registered buffer. */
+struct end {
+	struct fx f;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	char *buf;
+	size_t len;
+	struct ibv_comp_channel *ch;
+};
+
+static int end_open(struct end *e, enum ibv_qp_type t, size_t len, bool channel)
+{
+	memset(e, 0, sizeof(*e));
+	e->f.ctx = open_dev();
+	if (!e->f.ctx)
+		return -1;
+	e->f.pd = ibv_alloc_pd(e->f.ctx);
+	if (channel)
+		e->ch = ibv_create_comp_channel(e->f.ctx);
+	e->f.cq = ibv_create_cq(e->f.ctx, 256, NULL, e->ch, 0);
+	e->len = len;
+	e->buf = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (!e->f.pd || !e->f.cq || e->buf == MAP_FAILED)
+		return -1;
+	memset(e->buf, 0, len);
+	e->mr = ibv_reg_mr(e->f.pd, e->buf, len, ALL_REMOTE);
+	e->qp = make_qp(&e->f, t, NULL, NULL, NULL);
+	return (e->mr && e->qp) ? 0 : -1;
+}
+
+static void end_close(struct end *e)
+{
+	if (e->qp)
+		ibv_destroy_qp(e->qp);
+	if (e->mr)
+		ibv_dereg_mr(e->mr);
+	fx_close(&e->f);
+	if (e->ch)
+		ibv_destroy_comp_channel(e->ch);
+	munmap(e->buf, e->len);
+}
+
+static void info_of(struct end *e, struct xinfo *x)
+{
+	memset(x, 0, sizeof(*x));
+	x->qpn = e->qp->qp_num;
+	x->rkey = e->mr->rkey;
+	x->addr = (uintptr_t)e->buf;
+}
+
+static uint64_t sum(const char *p, size_t n)
+{
+	uint64_t s = 1469598103934665603ull;
+
+	for (size_t i = 0; i < n; i++)
+		s = (s ^ (uint8_t)p[i]) * 1099511628211ull;
+	return s;
+}
+
+/* Fork a process running fn(sock); the parent gets the other socket. */
+static pid_t spawn(int (*fn)(int sock, void *arg), void *arg, int *sock)
+{
+	int sv[2];
+	pid_t pid;
+
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		return -1;
+	pid = fork();
+	if (pid == 0) {
+		close(sv[0]);
+		_exit(fn(sv[1], arg));
+	}
+	close(sv[1]);
+	*sock = sv[0];
+	return pid;
+}
+
+static int reap(pid_t pid)
+{
+	int st;
+
+	if (waitpid(pid, &st, 0) != pid)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/*
+ * A passive target: registers memory, connects, then only answers
+ * commands on the socket: 'sum' (checksum of a range), 'get' (a 64-bit
+ * word), 'quit'. It never calls a verb after connecting; it sleeps in
+ * read() on the socket while the initiator works on its memory.
+ */
+enum { CMD_SUM = 1, CMD_GET, CMD_QUIT, CMD_FILL, CMD_RECV, CMD_POLL };
+
+struct target_arg {
+	enum ibv_qp_type type;
+	size_t len;
+	int seccomp_no_cma;
+};
+
+static int deny_cma(void)
+{
+	/* Make process_vm_readv/writev fail with EPERM, as container
+	 * seccomp profiles do. */
+	struct sock_filter f[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 2, 0),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+	};
+	struct sock_fprog prog = { (unsigned short)(sizeof(f) / sizeof(f[0])), f };
+
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+		return -1;
+	return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+static int target_main(int sock, void *varg)
+{
+	struct target_arg *a = varg;
+	struct end e;
+	struct xinfo me, peer, cmd, reply;
+
+	if (a->seccomp_no_cma && deny_cma())
+		return 10;
+	if (end_open(&e, a->type, a->len, false))
+		return 11;
+	info_of(&e, &me);
+	if (xsend(sock, &me) || xrecv(sock, &peer))
+		return 12;
+	if (a->type == IBV_QPT_UD ? to_rts(e.qp, 0, 0) :
+	    to_rts(e.qp, peer.qpn, ALL_REMOTE))
+		return 13;
+	if (xsend(sock, &me))	/* "ready" */
+		return 14;
+	while (!xrecv(sock, &cmd)) {
+		memset(&reply, 0, sizeof(reply));
+		switch (cmd.qpn) {
+		case CMD_SUM:
+			reply.value = sum(e.buf + cmd.addr, cmd.value);
+			break;
+		case CMD_GET:
+			memcpy(&reply.value, e.buf + cmd.addr, 8);
+			break;
+		case CMD_FILL:
+			memset(e.buf + cmd.addr, (int)cmd.rkey, cmd.value);
+			break;
+		case CMD_RECV: {
+			/* post a receive of value bytes at addr */
+			if (post_recv1(e.qp, e.buf + cmd.addr, (uint32_t)cmd.value,
+				       e.mr->lkey, 77))
+				reply.value = (uint64_t)-1;
+			break;
+		}
+		case CMD_POLL: {
+			struct ibv_wc wc;
+
+			if (wait_wc(e.f.cq, &wc, 5000) != 1)
+				reply.value = (uint64_t)-1;
+			else
+				reply.value = ((uint64_t)wc.status << 32) | wc.byte_len;
+			reply.rkey = wc.wc_flags;
+			break;
+		}
+		case CMD_QUIT:
+			end_close(&e);
+			return 0;
+		}
+		if (xsend(sock, &reply))
+			return 15;
+	}
+	return 16;
+}
+
+static uint64_t cmd(int sock, uint32_t c, uint64_t addr, uint64_t value,
+		    uint32_t extra)
+{
+	struct xinfo x = { c, extra, addr, value }, r;
+
+	if (xsend(sock, &x) || xrecv(sock, &r))
+		return (uint64_t)-2;
+	return r.value;
+}
+
+/* Connect a local end to a freshly spawned target. */
+static pid_t start_target(struct target_arg *a, struct end *me, int *sock,
+			  struct xinfo *peer)
+{
+	struct xinfo mine, ready;
+	pid_t pid = spawn(target_main, a, sock);
+
+	if (pid < 0)
+		return -1;
+	info_of(me, &mine);
+	if (xrecv(*sock, peer) || xsend(*sock, &mine))
+		return -1;
+	if (a->type == IBV_QPT_UD ? to_rts(me->qp, 0, 0) :
+	    to_rts(me->qp, peer->qpn, ALL_REMOTE))
+		return -1;
+	if (xrecv(*sock, &ready))
+		return -1;
+	return pid;
+}
+
+static int one_op(struct end *e, enum ibv_wr_opcode op, size_t off,
+		  uint32_t len, uint64_t raddr, uint32_t rkey,
+		  enum ibv_wc_status want)
+{
+	struct ibv_wc wc;
+
+	if (post_send1(e->qp, op, e->buf + off, len, e->mr->lkey, raddr, rkey, 1))
+		return -1;
+	if (wait_wc(e->f.cq, &wc, 10000) != 1)
+		return -2;
+	if (wc.status != want) {
+		fprintf(stderr, "    op %d: %s (%s)\n", op,
+			ibv_wc_status_str(wc.status),
+			ursa_vendor_err_str(wc.vendor_err));
+		return -3;
+	}
+	return 0;
+}
+
+static int run_write_read(int seccomp, int no_cma)
+{
+	struct target_arg ta = { IBV_QPT_RC, 8 << 20, seccomp };
+	struct end me;
+	struct xinfo peer;
+	struct ursa_qp_stats st;
+	int sock;
+	pid_t pid;
+	size_t big = 3 << 20;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 8 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	for (size_t i = 0; i < big; i++)
+		me.buf[i] = (char)(i * 13 + 5);
+	/* small WRITE (through the shared slot) and big WRITE */
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 100, peer.addr, peer.rkey,
+			 IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, 0, 100, 0), sum(me.buf, 100));
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, (uint32_t)big, peer.addr + 4096,
+			 peer.rkey, IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, 4096, big, 0), sum(me.buf, big));
+	/* READ it back, small and big */
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_READ, 4 << 20, 64, peer.addr + 4096,
+			 peer.rkey, IBV_WC_SUCCESS), 0);
+	EXPECT_TRUE(!memcmp(me.buf + (4 << 20), me.buf, 64));
+	memset(me.buf + (4 << 20), 0, big);
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_READ, 4 << 20, (uint32_t)big,
+			 peer.addr + 4096, peer.rkey, IBV_WC_SUCCESS), 0);
+	EXPECT_TRUE(!memcmp(me.buf + (4 << 20), me.buf, big));
+	/* SEND into a receive the target posted, small and big */
+	EXPECT_EQ(cmd(sock, CMD_RECV, 6 << 20, 2 << 20, 0), 0);
+	EXPECT_EQ(one_op(&me, IBV_WR_SEND, 0, 1 << 20, 0, 0, IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_POLL, 0, 0, 0), (uint64_t)(1 << 20));
+	EXPECT_EQ(cmd(sock, CMD_SUM, 6 << 20, 1 << 20, 0), sum(me.buf, 1 << 20));
+	/* which path carried the bytes */
+	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
+	if (no_cma) {
+		EXPECT_EQ(st.cma_bytes, 0);
+		EXPECT_TRUE(st.ring_bytes >= 2 * big);
+	} else {
+		EXPECT_TRUE(st.cma_bytes >= 2 * big);
+		EXPECT_TRUE(st.ring_bytes >= 100 && st.ring_bytes < 1000);
+	}
+	EXPECT_EQ(st.loop_bytes, 0);
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
+static int test_rc_write_read_send(void)
+{
+	return run_write_read(0, 0);
+}
+
+static int test_no_cma_seccomp_fallback(void)
+{
+	return run_write_read(1, 1);
+}
+
+static int test_no_cma_env_fallback(void)
+{
+	setenv("URSA_CMA", "0", 1);
+	return run_write_read(0, 1);
+}
+
+static int test_target_checks(void)
+{
+	struct target_arg ta = { IBV_QPT_RC, 1 << 20, 0 };
+	struct end me;
+	struct xinfo peer;
+	int sock;
+	pid_t pid;
+	uint64_t before;
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	cmd(sock, CMD_FILL, 0, 1 << 20, 'T');
+	before = cmd(sock, CMD_SUM, 0, 1 << 20, 0);
+	memset(me.buf, 'X', 1 << 20);
+	/* one byte past the end of the peer's MR: refused, untouched */
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 64 << 10,
+			 peer.addr + (1 << 20) - (32 << 10) + 1, peer.rkey,
+			 IBV_WC_REM_ACCESS_ERR), 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, 0, 1 << 20, 0), before);
+	EXPECT_EQ(ibv_query_qp(me.qp, &qa, IBV_QP_STATE, &qi), 0);
+	EXPECT_EQ(qa.qp_state, IBV_QPS_ERR);
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	/* a guessed rkey on a fresh pair */
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_READ, 0, 64, peer.addr,
+			 peer.rkey ^ 0x5a5a00, IBV_WC_REM_ACCESS_ERR), 0);
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
+/* Two processes add to one counter in a third: the sum is exact. */
+struct adder_arg {
+	struct xinfo target;
+	int iters;
+};
+
+static int adder_main(int sock, void *varg)
+{
+	struct adder_arg *a = varg;
+	struct end e;
+	struct xinfo me;
+
+	if (end_open(&e, IBV_QPT_RC, 4096, false))
+		return 20;
+	info_of(&e, &me);
+	if (xsend(sock, &me) || xrecv(sock, &a->target))
+		return 21;
+	if (to_rts(e.qp, a->target.qpn, ALL_REMOTE))
+		return 22;
+	for (int i = 0; i < a->iters; i++) {
+		struct ibv_sge s = { (uintptr_t)e.buf, 8, e.mr->lkey };
+		struct ibv_send_wr wr = { .sg_list = &s, .num_sge = 1,
+			.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+			.send_flags = IBV_SEND_SIGNALED }, *bad;
+		struct ibv_wc wc;
+
+		wr.wr.atomic.remote_addr = a->target.addr;
+		wr.wr.atomic.rkey = a->target.rkey;
+		wr.wr.atomic.compare_add = 1;
+		if (ibv_post_send(e.qp, &wr, &bad) ||
+		    wait_wc(e.f.cq, &wc, 10000) != 1 || wc.status)
+			return 23;
+	}
+	end_close(&e);
+	return 0;
+}
+
+static int test_atomics_three_processes(void)
+{
+	struct fx f;
+	struct ibv_mr *mr;
+	uint64_t *counter = aligned_alloc(64, 64);
+	struct ibv_qp *tq[2];
+	struct adder_arg aa = { .iters = 1000 };
+	pid_t pids[2];
+	int socks[2];
+
+	*counter = 0;
+	REQUIRE(fx_open(&f, 16) == 0);
+	mr = ibv_reg_mr(f.pd, counter, 64, ALL_REMOTE);
+	REQUIRE(mr);
+	for (int i = 0; i < 2; i++) {
+		struct xinfo peer, mine;
+
+		tq[i] = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+		REQUIRE(tq[i]);
+		pids[i] = spawn(adder_main, &aa, &socks[i]);
+		REQUIRE(pids[i] > 0);
+		REQUIRE(xrecv(socks[i], &peer) == 0);
+		REQUIRE(to_rts(tq[i], peer.qpn, ALL_REMOTE) == 0);
+		mine.qpn = tq[i]->qp_num;
+		mine.addr = (uintptr_t)counter;
+		mine.rkey = mr->rkey;
+		REQUIRE(xsend(socks[i], &mine) == 0);
+	}
+	/* This process only sleeps: its engine serves both adders. */
+	for (int i = 0; i < 2; i++)
+		EXPECT_EQ(reap(pids[i]), 0);
+	EXPECT_EQ(*counter, 2000);
+	ibv_destroy_qp(tq[0]);
+	ibv_destroy_qp(tq[1]);
+	ibv_dereg_mr(mr);
+	fx_close(&f);
+	free(counter);
+	return TEST_RESULT();
+}
+
+/* The target spins on the last byte of its buffer, as perftest's latency
+ * test does: it must never see a torn message. */
+static int spinner_main(int sock, void *varg)
+{
+	struct end e;
+	struct xinfo me, peer, go;
+	size_t len = 256 << 10;
+	int torn = 0;
+
+	(void)varg;
+	if (end_open(&e, IBV_QPT_RC, len, false))
+		return 30;
+	info_of(&e, &me);
+	if (xsend(sock, &me) || xrecv(sock, &peer) ||
+	    to_rts(e.qp, peer.qpn, ALL_REMOTE) || xsend(sock, &me))
+		return 31;
+	for (int r = 1; r <= 60; r++) {
+		size_t n = r % 2 ? 4000 : len; /* slot path and CMA path */
+		volatile char *b = e.buf;
+
+		while (b[n - 1] != (char)r)
+			;
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		for (size_t i = 0; i < n; i++)
+			if (b[i] != (char)r) {
+				torn++;
+				break;
+			}
+		go.value = (uint64_t)torn;
+		if (xsend(sock, &go))
+			return 32;
+	}
+	end_close(&e);
+	return torn ? 33 : 0;
+}
+
+static int test_last_byte_last_processes(void)
+{
+	struct end me;
+	struct xinfo peer, mine, ready, ack;
+	int sock;
+	pid_t pid;
+	size_t len = 256 << 10;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, len, false) == 0);
+	pid = spawn(spinner_main, NULL, &sock);
+	REQUIRE(pid > 0);
+	info_of(&me, &mine);
+	REQUIRE(xrecv(sock, &peer) == 0 && xsend(sock, &mine) == 0);
+	REQUIRE(to_rts(me.qp, peer.qpn, ALL_REMOTE) == 0);
+	REQUIRE(xrecv(sock, &ready) == 0);
+	for (int r = 1; r <= 60; r++) {
+		size_t n = r % 2 ? 4000 : len;
+
+		memset(me.buf, r, n);
+		REQUIRE(one_op(&me, IBV_WR_RDMA_WRITE, 0, (uint32_t)n, peer.addr,
+			       peer.rkey, IBV_WC_SUCCESS) == 0);
+		REQUIRE(xrecv(sock, &ack) == 0);
+		EXPECT_EQ(ack.value, 0);
+	}
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
+/* A process blocked in ibv_get_cq_event wakes for a SEND and for a
+ * WRITE with immediate from another process. */
+static int waiter_main(int sock, void *varg)
+{
+	struct end e;
+	struct xinfo me, peer, rep;
+	struct ibv_cq *cq;
+	void *cctx;
+	struct ibv_wc wc;
+
+	(void)varg;
+	if (end_open(&e, IBV_QPT_RC, 1 << 20, true))
+		return 40;
+	info_of(&e, &me);
+	if (xsend(sock, &me) || xrecv(sock, &peer) ||
+	    to_rts(e.qp, peer.qpn, ALL_REMOTE))
+		return 41;
+	for (int i = 0; i < 2; i++) {
+		if (post_recv1(e.qp, e.buf, 4096, e.mr->lkey, (uint64_t)i) ||
+		    ibv_req_notify_cq(e.f.cq, 0))
+			return 42;
+		if (xsend(sock, &me))	/* armed: go ahead */
+			return 43;
+		if (ibv_get_cq_event(e.ch, &cq, &cctx))
+			return 44;
+		ibv_ack_cq_events(cq, 1);
+		if (ibv_poll_cq(cq, 1, &wc) != 1 || wc.status)
+			return 45;
+		memset(&rep, 0, sizeof(rep));
+		rep.value = wc.opcode;
+		rep.rkey = wc.wc_flags & IBV_WC_WITH_IMM ? be32toh(wc.imm_data) : 0;
+		if (xsend(sock, &rep))
+			return 46;
+	}
+	end_close(&e);
+	return 0;
+}
+
+static int test_channel_wakeup_across_processes(void)
+{
+	struct end me;
+	struct xinfo peer, mine, armed, rep;
+	int sock;
+	pid_t pid;
+	struct ibv_sge s;
+	struct ibv_send_wr wr = { 0 }, *bad;
+	struct ibv_wc wc;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	pid = spawn(waiter_main, NULL, &sock);
+	REQUIRE(pid > 0);
+	info_of(&me, &mine);
+	REQUIRE(xrecv(sock, &peer) == 0 && xsend(sock, &mine) == 0);
+	REQUIRE(to_rts(me.qp, peer.qpn, ALL_REMOTE) == 0);
+	/* 1: SEND */
+	REQUIRE(xrecv(sock, &armed) == 0);
+	usleep(50000); /* let the waiter block */
+	REQUIRE(one_op(&me, IBV_WR_SEND, 0, 16, 0, 0, IBV_WC_SUCCESS) == 0);
+	REQUIRE(xrecv(sock, &rep) == 0);
+	EXPECT_EQ(rep.value, IBV_WC_RECV);
+	/* 2: WRITE with immediate */
+	REQUIRE(xrecv(sock, &armed) == 0);
+	usleep(50000);
+	s = (struct ibv_sge){ (uintptr_t)me.buf, 64, me.mr->lkey };
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.imm_data = htobe32(1234);
+	wr.wr.rdma.remote_addr = peer.addr + 8192;
+	wr.wr.rdma.rkey = peer.rkey;
+	REQUIRE(ibv_post_send(me.qp, &wr, &bad) == 0);
+	REQUIRE(wait_wc(me.f.cq, &wc, 5000) == 1);
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+	REQUIRE(xrecv(sock, &rep) == 0);
+	EXPECT_EQ(rep.value, IBV_WC_RECV_RDMA_WITH_IMM);
+	EXPECT_EQ(rep.rkey, 1234);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
+/* SIGKILL the target: the survivor gets RETRY_EXC_ERR within the bound
+ * its timeout and retry count set, and its other QPs keep working. */
+static int test_peer_death(void)
+{
+	struct target_arg ta = { IBV_QPT_RC, 1 << 20, 0 };
+	struct end a, b;
+	struct xinfo pa, pb;
+	int sa, sb;
+	pid_t victim, other;
+	struct ibv_qp_attr attr = { .timeout = 12, .retry_cnt = 3 };
+	struct ibv_wc wc;
+	long long t0, dt;
+	char name[64];
+	FILE *f;
+	char line[512];
+	int found = 0;
+
+	REQUIRE(end_open(&a, IBV_QPT_RC, 1 << 20, false) == 0);
+	REQUIRE(end_open(&b, IBV_QPT_RC, 1 << 20, false) == 0);
+	victim = start_target(&ta, &a, &sa, &pa);
+	other = start_target(&ta, &b, &sb, &pb);
+	REQUIRE(victim > 0 && other > 0);
+	/* bad flow on the way: modify without IBV_QP_STATE is refused */
+	REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT) == EINVAL);
+	EXPECT_EQ(one_op(&a, IBV_WR_RDMA_WRITE, 0, 64, pa.addr, pa.rkey, IBV_WC_SUCCESS), 0);
+	kill(victim, SIGKILL);
+	EXPECT_EQ(reap(victim), 128 + SIGKILL);
+	t0 = now_ms();
+	REQUIRE(post_send1(a.qp, IBV_WR_RDMA_WRITE, a.buf, 64, a.mr->lkey, pa.addr,
+			   pa.rkey, 9) == 0);
+	REQUIRE(wait_wc(a.f.cq, &wc, 10000) == 1);
+	dt = now_ms() - t0;
+	EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR);
+	/* to_rts uses timeout 14 (67 ms) and retry_cnt 7: 8 x 67 = 537 ms */
+	EXPECT_TRUE(dt >= 400 && dt < 3000);
+	/* the other QP still works */
+	EXPECT_EQ(one_op(&b, IBV_WR_RDMA_WRITE, 0, 64, pb.addr, pb.rkey, IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sb, CMD_SUM, 0, 64, 0), sum(b.buf, 64));
+	/* the dead process's QP socket is gone with it */
+	snprintf(name, sizeof(name), "@ursa/qp/%06x", pa.qpn);
+	f = fopen("/proc/net/unix", "r");
+	while (f && fgets(line, sizeof(line), f))
+		found |= strstr(line, name) != NULL;
+	if (f)
+		fclose(f);
+	EXPECT_TRUE(!found);
+	cmd(sb, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(other), 0);
+	end_close(&a);
+	end_close(&b);
+	return TEST_RESULT();
+}
+
+static int test_ud_uc_across_processes(void)
+{
+	struct target_arg ta = { IBV_QPT_UD, 1 << 20, 0 };
+	struct target_arg tc = { IBV_QPT_UC, 1 << 20, 0 };
+	struct end me;
+	struct xinfo peer;
+	int sock;
+	pid_t pid;
+	struct ibv_ah_attr av;
+	struct ibv_ah *ah;
+	struct ibv_sge s;
+	struct ibv_send_wr wr = { 0 }, *bad;
+	struct ibv_wc wc;
+
+	REQUIRE(end_open(&me, IBV_QPT_UD, 1 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	fill_av(me.f.ctx, &av);
+	ah = ibv_create_ah(me.f.pd, &av);
+	REQUIRE(ah);
+	EXPECT_EQ(cmd(sock, CMD_RECV, 0, 40 + 512, 0), 0);
+	memset(me.buf, 'u', 512);
+	s = (struct ibv_sge){ (uintptr_t)me.buf, 512, me.mr->lkey };
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = peer.qpn;
+	wr.wr.ud.remote_qkey = 0x11111111;
+	REQUIRE(ibv_post_send(me.qp, &wr, &bad) == 0);
+	REQUIRE(wait_wc(me.f.cq, &wc, 5000) == 1);
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+	EXPECT_EQ(cmd(sock, CMD_POLL, 0, 0, 0), (uint64_t)(40 + 512));
+	EXPECT_EQ(cmd(sock, CMD_SUM, 40, 512, 0), sum(me.buf, 512));
+	/* to a QPN that does not exist: UD never knows */
+	wr.wr.ud.remote_qpn = peer.qpn ^ 0x800000;
+	REQUIRE(ibv_post_send(me.qp, &wr, &bad) == 0);
+	REQUIRE(wait_wc(me.f.cq, &wc, 5000) == 1);
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	ibv_destroy_ah(ah);
+	end_close(&me);
+
+	REQUIRE(end_open(&me, IBV_QPT_UC, 1 << 20, false) == 0);
+	pid = start_target(&tc, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	memset(me.buf, 'c', 100000);
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 100000, peer.addr, peer.rkey,
+			 IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, 0, 100000, 0), sum(me.buf, 100000));
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
+static int test_qpn_unique_across_processes(void)
+{
+	struct fx f;
+	struct ibv_qp *qps[300];
+	int p[2];
+	pid_t pid;
+	uint32_t mine[300], theirs[300];
+
+	REQUIRE(pipe(p) == 0);
+	pid = fork();
+	if (pid == 0) {
+		struct fx cf;
+		struct ibv_qp *cq[300];
+		uint32_t n[300];
+
+		if (fx_open(&cf, 4))
+			_exit(1);
+		for (int i = 0; i < 300; i++) {
+			cq[i] = make_qp(&cf, IBV_QPT_UD, NULL, NULL, NULL);
+			if (!cq[i])
+				_exit(2);
+			n[i] = cq[i]->qp_num;
+		}
+		if (write(p[1], n, sizeof(n)) != (ssize_t)sizeof(n))
+			_exit(3);
+		sleep(1); /* keep them alive while the parent compares */
+		_exit(0);
+	}
+	close(p[1]);
+	REQUIRE(fx_open(&f, 4) == 0);
+	for (int i = 0; i < 300; i++) {
+		qps[i] = make_qp(&f, IBV_QPT_UD, NULL, NULL, NULL);
+		REQUIRE(qps[i]);
+		mine[i] = qps[i]->qp_num;
+	}
+	REQUIRE(read(p[0], theirs, sizeof(theirs)) == (ssize_t)sizeof(theirs));
+	for (int i = 0; i < 300; i++)
+		for (int j = 0; j < 300; j++)
+			if (mine[i] == theirs[j])
+				harness_fail(__FILE__, __LINE__, "unique", "QPN %06x twice", mine[i]);
+	EXPECT_EQ(reap(pid), 0);
+	for (int i = 0; i < 300; i++)
+		ibv_destroy_qp(qps[i]);
+	fx_close(&f);
+	return TEST_RESULT();
+}
+
+/* fork(): the child opens the device anew and works; the parent's
+ * resources stay usable in the parent. */
+static int test_fork(void)
+{
+	struct end me;
+	struct ibv_qp *loopq;
+	int p[2];
+	pid_t pid;
+	struct xinfo x;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	loopq = make_qp(&me.f, IBV_QPT_RC, NULL, NULL, NULL);
+	REQUIRE(loopq);
+	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, p) == 0);
+	pid = fork();
+	if (pid == 0) {
+		struct end c;
+		struct xinfo parent, mine;
+
+		close(p[0]);
+		if (end_open(&c, IBV_QPT_RC, 1 << 20, false))
+			_exit(50);
+		info_of(&c, &mine);
+		if (xrecv(p[1], &parent) || xsend(p[1], &mine) ||
+		    to_rts(c.qp, parent.qpn, ALL_REMOTE))
+			_exit(51);
+		memset(c.buf, 'k', 4096);
+		if (one_op(&c, IBV_WR_RDMA_WRITE, 0, 4096, parent.addr, parent.rkey,
+			   IBV_WC_SUCCESS))
+			_exit(52);
+		end_close(&c);
+		_exit(0);
+	}
+	close(p[1]);
+	info_of(&me, &x);
+	REQUIRE(xsend(p[0], &x) == 0 && xrecv(p[0], &x) == 0);
+	REQUIRE(to_rts(me.qp, x.qpn, ALL_REMOTE) == 0);
+	EXPECT_EQ(reap(pid), 0);
+	EXPECT_EQ(me.buf[0], 'k');
+	EXPECT_EQ(me.buf[4095], 'k');
+	/* the parent's own resources still work: loopback between its QPs */
+	{
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_RESET };
+
+		REQUIRE(ibv_modify_qp(me.qp, &a, IBV_QP_STATE) == 0);
+		REQUIRE(connect_pair(me.qp, loopq, ALL_REMOTE) == 0);
+		memset(me.buf + 8192, 'p', 100);
+		EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 8192, 100,
+				 (uintptr_t)me.buf + 16384, me.mr->rkey,
+				 IBV_WC_SUCCESS), 0);
+		EXPECT_EQ(me.buf[16384 + 99], 'p');
+	}
+	ibv_destroy_qp(loopq);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
+static const struct test tests[] = {
+	TEST_ENTRY(rc_write_read_send, "RC WRITE/READ/SEND between processes"),
+	TEST_ENTRY(no_cma_seccomp_fallback, "seccomp denies CMA: shared-memory fallback"),
+	TEST_ENTRY(no_cma_env_fallback, "URSA_CMA=0: shared-memory path"),
+	TEST_ENTRY(target_checks, "the target's checks hold for other processes"),
+	TEST_ENTRY(atomics_three_processes, "two processes add to a third's counter"),
+	TEST_ENTRY(last_byte_last_processes, "spinning target never sees a torn WRITE"),
+	TEST_ENTRY(channel_wakeup_across_processes, "ibv_get_cq_event wakes for SEND and WRITE_IMM"),
+	TEST_ENTRY(peer_death, "SIGKILLed peer: RETRY_EXC_ERR, others unaffected"),
+	TEST_ENTRY(ud_uc_across_processes, "UD and UC between processes"),
+	TEST_ENTRY(qpn_unique_across_processes, "QPNs unique on the host"),
+	TEST_ENTRY(fork, "fork: child opens anew, parent keeps working"),
+};
+
+int main(int argc, char **argv)
+{
+	return harness_main(tests, (int)(sizeof(tests) / sizeof(tests[0])), argc, argv);
+}
