@@ -406,9 +406,16 @@ static int adder_main(int sock, void *varg)
 		wr.wr.atomic.remote_addr = a->target.addr;
 		wr.wr.atomic.rkey = a->target.rkey;
 		wr.wr.atomic.compare_add = 1;
-		if (ibv_post_send(e.qp, &wr, &bad) ||
-		    wait_wc(e.f.cq, &wc, 10000) != 1 || wc.status)
+		if (ibv_post_send(e.qp, &wr, &bad))
 			return 23;
+		if (wait_wc(e.f.cq, &wc, 10000) != 1)
+			return 24;
+		if (wc.status) {
+			fprintf(stderr, "    adder %d: atomic %d: %s (%s)\n",
+				(int)getpid(), i, ibv_wc_status_str(wc.status),
+				ursa_vendor_err_str(wc.vendor_err));
+			return 25;
+		}
 	}
 	end_close(&e);
 	return 0;
