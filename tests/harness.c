@@ -40,6 +40,9 @@ static int run_one(const struct test *t, int timeout)
 	if (pid == 0) {
 		int r;
 
+		/* A process group per test, so that whatever the test
+		 * started is killed with it (see below). */
+		setpgid(0, 0);
 		alarm((unsigned)timeout);
 		r = t->fn();
 		if (r == TEST_PASS && harness_failed)
@@ -54,6 +57,9 @@ static int run_one(const struct test *t, int timeout)
 		printf("FAIL %s: fork/wait: %s\n", t->name, strerror(errno));
 		return TEST_FAIL;
 	}
+	/* Leftover helpers of a failed or timed-out test must not outlive
+	 * it (they would hold the runner's output pipe open). */
+	kill(-pid, SIGKILL);
 	if (WIFSIGNALED(st)) {
 		printf("FAIL %s: killed by signal %d (%s)%s\n", t->name,
 		       WTERMSIG(st), strsignal(WTERMSIG(st)),

@@ -4,13 +4,16 @@
 BUILD=${BUILD:-build}
 export LD_LIBRARY_PATH="$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 pass=0; fail=0; skip=0; failed_bins=""
+log=$(mktemp); trap 'rm -f "$log"' EXIT
 for t in "$BUILD"/tests/unit_* "$BUILD"/tests/func_* tests/scripts/*.sh; do
 	[ -e "$t" ] || continue
 	case "$t" in *.sh) cmd="sh $t";; *) cmd="$t";; esac
 	echo "== $t"
-	out=$(BUILD="$BUILD" timeout 600 $cmd 2>&1); rc=$?
-	printf '%s\n' "$out"
-	line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
+	# Output goes to a file, not a pipe: a stray process holding the
+	# pipe open could otherwise stall the runner.
+	BUILD="$BUILD" timeout -k 10 900 $cmd >"$log" 2>&1 </dev/null; rc=$?
+	cat "$log"
+	line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
 	if [ -z "$line" ]; then
 		echo "FAIL $t: no result line (exit $rc)"
 		fail=$((fail + 1)); failed_bins="$failed_bins $t"; continue

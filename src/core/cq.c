@@ -29,7 +29,9 @@ int ursa_cq_create(struct ursa_ctx *ctx, int cqe, struct ibv_comp_channel *ch,
 
 	if (cqe < 1 || cqe > URSA_MAX_CQE)
 		return -EINVAL;
-	while (n < (uint32_t)cqe)
+	/* One spare entry, rounded to a power of two, as mlx5 sizes CQs:
+	 * applications such as perftest size CQs exactly and rely on it. */
+	while (n < (uint32_t)cqe + 1)
 		n <<= 1;
 	cq = calloc(1, sizeof(*cq));
 	if (!cq)
@@ -46,7 +48,7 @@ int ursa_cq_create(struct ursa_ctx *ctx, int cqe, struct ibv_comp_channel *ch,
 	cq->ex.context = &ctx->vctx.context;
 	cq->ex.channel = ch;
 	cq->ex.cq_context = cq_context;
-	cq->ex.cqe = (int)n;
+	cq->ex.cqe = (int)n - 1;
 	cq->ex.handle = (uint32_t)ursa_rand64();
 	if (ch)
 		ch->refcnt++;
@@ -87,7 +89,7 @@ int ursa_cq_resize(struct ursa_cq *cq, int cqe)
 
 	if (cqe < 1 || cqe > URSA_MAX_CQE)
 		return -EINVAL;
-	while (sz < (uint32_t)cqe)
+	while (sz < (uint32_t)cqe + 1)
 		sz <<= 1;
 	pthread_mutex_lock(&cq->lock);
 	if (sz < cq->count) {
@@ -105,7 +107,7 @@ int ursa_cq_resize(struct ursa_cq *cq, int cqe)
 	cq->wc = n;
 	cq->size = sz;
 	cq->head = 0;
-	cq->ex.cqe = (int)sz;
+	cq->ex.cqe = (int)sz - 1;
 	pthread_mutex_unlock(&cq->lock);
 	return 0;
 }

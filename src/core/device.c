@@ -294,7 +294,11 @@ void ursa_device_attr(struct ursa_device *d, struct ibv_device_attr *a)
 	a->max_mr_size = URSA_MAX_MR_SIZE;
 	a->page_size_cap = 0xfffff000; /* 4 KiB and up */
 	a->vendor_id = URSA_VENDOR_ID;
-	a->vendor_part_id = URSA_VENDOR_PART;
+	/* URSA_VENDOR_PART_ID lets tests impersonate a part id that makes
+	 * perftest choose its ibv_wr_* post path (4119: ConnectX-5). */
+	a->vendor_part_id = (uint32_t)ursa_env_long("URSA_VENDOR_PART_ID",
+						    URSA_VENDOR_PART, 0,
+						    0xffffff);
 	a->hw_ver = URSA_HW_VER;
 	a->max_qp = URSA_MAX_QP;
 	a->max_qp_wr = URSA_MAX_QP_WR;

@@ -263,14 +263,20 @@ static uint64_t wqe_len(const struct ursa_send_wqe *w)
 	return n;
 }
 
+/* Retire the head WQE: free its slot first, then post its completion, so
+ * an application that reposts as soon as it sees the completion always
+ * finds the slot free (rc_pingpong runs with a one-entry send queue). */
 static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 		     enum ibv_wc_status st, uint32_t why)
 {
 	struct ibv_wc wc = { 0 };
+	bool signaled = st != IBV_WC_SUCCESS || (w->flags & IBV_SEND_SIGNALED) ||
+			qp->sq_sig_all;
 
-	if (st == IBV_WC_SUCCESS && !(w->flags & IBV_SEND_SIGNALED) &&
-	    !qp->sq_sig_all)
+	if (!signaled) {
+		ursa_ring_consume(&qp->sq, 1);
 		return;
+	}
 	wc.wr_id = w->wr_id;
 	wc.status = st;
 	wc.opcode = wc_opcode(w->opcode);
@@ -281,6 +287,7 @@ static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 	else if (w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		 w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
 		wc.byte_len = 8;
+	ursa_ring_consume(&qp->sq, 1);
 	if (ursa_cq_push(qp->scq, &wc, true) == -ENOSPC) {
 		ursa_qp_to_error(qp, false);
 		ursa_async_event(qp->ctx, IBV_EVENT_QP_FATAL,
@@ -568,7 +575,6 @@ int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 
 		if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
 			complete(qp, w, IBV_WC_WR_FLUSH_ERR, URSA_WHY_FLUSH);
-			ursa_ring_consume(&qp->sq, 1);
 			done++;
 			continue;
 		}
@@ -596,7 +602,6 @@ int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 			break;
 		}
 		complete(qp, w, a.st, a.why);
-		ursa_ring_consume(&qp->sq, 1);
 		done++;
 		if (a.st != IBV_WC_SUCCESS) {
 			atomic_fetch_add(&qp->cnt.errors, 1);

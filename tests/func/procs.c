@@ -106,8 +106,14 @@ static uint64_t sum(const char *p, size_t n)
 	return s;
 }
 
-/* Fork a process running fn(sock); the parent gets the other socket. */
-static pid_t spawn(int (*fn)(int sock, void *arg), void *arg, int *sock)
+/*
+ * Start a helper process running one of the roles below; the parent gets
+ * its end of a socket pair. Helpers are fork()ed and then exec()ed afresh
+ * (this binary with --child ROLE), so that they do not inherit the state of
+ * a process that already runs ursa threads; they die with their parent.
+ */
+static pid_t spawn_role(const char *role, const char *a1, const char *a2,
+			const char *a3, int *sock)
 {
 	int sv[2];
 	pid_t pid;
@@ -116,8 +122,14 @@ static pid_t spawn(int (*fn)(int sock, void *arg), void *arg, int *sock)
 		return -1;
 	pid = fork();
 	if (pid == 0) {
+		char fd[16];
+
 		close(sv[0]);
-		_exit(fn(sv[1], arg));
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		snprintf(fd, sizeof(fd), "%d", sv[1]);
+		execl("/proc/self/exe", "func_procs", "--child", role, fd,
+		      a1, a2, a3, (char *)NULL);
+		_exit(127);
 	}
 	close(sv[1]);
 	*sock = sv[0];
@@ -237,7 +249,13 @@ static pid_t start_target(struct target_arg *a, struct end *me, int *sock,
 			  struct xinfo *peer)
 {
 	struct xinfo mine, ready;
-	pid_t pid = spawn(target_main, a, sock);
+	char t[16], l[24], sc[8];
+	pid_t pid;
+
+	snprintf(t, sizeof(t), "%d", (int)a->type);
+	snprintf(l, sizeof(l), "%zu", a->len);
+	snprintf(sc, sizeof(sc), "%d", a->seccomp_no_cma);
+	pid = spawn_role("target", t, l, sc, sock);
 
 	if (pid < 0)
 		return -1;
@@ -427,7 +445,6 @@ static int test_atomics_three_processes(void)
 	struct ibv_mr *mr;
 	uint64_t *counter = aligned_alloc(64, 64);
 	struct ibv_qp *tq[2];
-	struct adder_arg aa = { .iters = 1000 };
 	pid_t pids[2];
 	int socks[2];
 
@@ -440,7 +457,7 @@ static int test_atomics_three_processes(void)
 
 		tq[i] = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
 		REQUIRE(tq[i]);
-		pids[i] = spawn(adder_main, &aa, &socks[i]);
+		pids[i] = spawn_role("adder", "1000", NULL, NULL, &socks[i]);
 		REQUIRE(pids[i] > 0);
 		REQUIRE(xrecv(socks[i], &peer) == 0);
 		REQUIRE(to_rts(tq[i], peer.qpn, ALL_REMOTE) == 0);
@@ -506,7 +523,7 @@ static int test_last_byte_last_processes(void)
 	size_t len = 256 << 10;
 
 	REQUIRE(end_open(&me, IBV_QPT_RC, len, false) == 0);
-	pid = spawn(spinner_main, NULL, &sock);
+	pid = spawn_role("spinner", NULL, NULL, NULL, &sock);
 	REQUIRE(pid > 0);
 	info_of(&me, &mine);
 	REQUIRE(xrecv(sock, &peer) == 0 && xsend(sock, &mine) == 0);
@@ -575,7 +592,7 @@ static int test_channel_wakeup_across_processes(void)
 	struct ibv_wc wc;
 
 	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
-	pid = spawn(waiter_main, NULL, &sock);
+	pid = spawn_role("waiter", NULL, NULL, NULL, &sock);
 	REQUIRE(pid > 0);
 	info_of(&me, &mine);
 	REQUIRE(xrecv(sock, &peer) == 0 && xsend(sock, &mine) == 0);
@@ -837,7 +854,33 @@ static const struct test tests[] = {
 	TEST_ENTRY(fork, "fork: child opens anew, parent keeps working"),
 };
 
+/* Helper processes: func_procs --child ROLE FD [ARGS] */
+static int child_main(int argc, char **argv)
+{
+	int sock = atoi(argv[3]);
+
+	if (!strcmp(argv[2], "target") && argc >= 7) {
+		struct target_arg a = { (enum ibv_qp_type)atoi(argv[4]),
+					(size_t)strtoull(argv[5], NULL, 0),
+					atoi(argv[6]) };
+
+		return target_main(sock, &a);
+	}
+	if (!strcmp(argv[2], "adder") && argc >= 5) {
+		struct adder_arg a = { .iters = atoi(argv[4]) };
+
+		return adder_main(sock, &a);
+	}
+	if (!strcmp(argv[2], "spinner"))
+		return spinner_main(sock, NULL);
+	if (!strcmp(argv[2], "waiter"))
+		return waiter_main(sock, NULL);
+	return 99;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc >= 4 && !strcmp(argv[1], "--child"))
+		return child_main(argc, argv);
 	return harness_main(tests, (int)(sizeof(tests) / sizeof(tests[0])), argc, argv);
 }

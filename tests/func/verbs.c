@@ -655,8 +655,9 @@ static int test_cq_busy_and_overflow(void)
 	b = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
 	REQUIRE(small && mr && a && b && connect_pair(a, b, ALL_REMOTE) == 0);
 	EXPECT_EQ(ibv_destroy_cq(small), EBUSY);
-	/* 4 signaled WRITEs into a 2-entry CQ that nobody polls */
-	for (int i = 0; i < 4; i++)
+	/* 8 signaled WRITEs into a 2-entry CQ (4 with the spare entry
+	 * and rounding) that nobody polls */
+	for (int i = 0; i < 8; i++)
 		REQUIRE(post_send1(a, IBV_WR_RDMA_WRITE, buf, 8, mr->lkey,
 				   (uintptr_t)buf + 1024, mr->rkey, (uint64_t)i) == 0);
 	for (int i = 0; i < 2; i++) {
