@@ -36,7 +36,8 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit_%)
 FUNC_BIN := $(FUNC_SRC:tests/func/%.c=$(BUILD)/tests/func_%)
 HARNESS := tests/harness.c
 
-.PHONY: all test sanitize demo install clean tests
+.PHONY: all test sanitize demo install clean tests bench
+BENCH_BIN := $(BUILD)/bench/samehost
 STUBS := $(BUILD)/lib/libmlx5.so.1 $(BUILD)/lib/libefa.so.1
 all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(STUBS)
 
@@ -81,7 +82,14 @@ $(BUILD)/tests/func_%: tests/func/%.c $(HARNESS) tests/harness.h \
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< $(HARNESS) -o $@ $(APP_LDFLAGS) -libverbs
 
-test: all tests
+$(BUILD)/bench/%: bench/%.c $(LIB) $(BUILD)/lib/libibverbs.so
+	@mkdir -p $(dir $@)
+	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) -libverbs
+
+bench: all $(BENCH_BIN)
+	LD_LIBRARY_PATH=$(BUILD)/lib $(BUILD)/bench/samehost $(BENCH_ARGS)
+
+test: all tests $(BENCH_BIN)
 	@BUILD=$(BUILD) sh tests/run.sh
 
 sanitize:

@@ -520,6 +520,7 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 {
 	struct ursa_chanmem *m = c->mem;
 	uint32_t tail = atomic_load_explicit(&m->req_tail, memory_order_relaxed);
+	uint32_t head = atomic_load_explicit(&m->req_head, memory_order_acquire);
 	struct ursa_wreq *q = &m->req[tail % URSA_SHM_SLOTS];
 	bool rd = r->opcode == IBV_WR_RDMA_READ;
 	bool at = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
@@ -527,6 +528,14 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 	uint64_t total = r->msg_len, off = w->xfer_off, flen;
 	struct ursa_sg part[URSA_MAX_SGE];
 
+	w->inflight = true;
+	w->deadline_ns = ack_timeout(qp) == UINT64_MAX ? UINT64_MAX :
+						       now + ack_timeout(qp);
+	if (tail - head >= URSA_SHM_SLOTS) {
+		/* Earlier transmissions still queued (a slow responder):
+		 * this one is "lost"; the ACK timeout sends it again. */
+		return;
+	}
 	memset(q, 0, offsetof(struct ursa_wreq, sg));
 	q->seq = c->seq;
 	q->opcode = r->opcode;
@@ -584,9 +593,6 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 				     off : 0);
 	/* Release: the slot is complete before the responder sees it. */
 	atomic_store_explicit(&m->req_tail, tail + 1, memory_order_release);
-	w->inflight = true;
-	w->deadline_ns = ack_timeout(qp) == UINT64_MAX ? UINT64_MAX :
-						       now + ack_timeout(qp);
 	ring_peer(c);
 }
 
@@ -883,7 +889,12 @@ static void push_resp(struct ursa_chan *c, const struct ursa_wresp *src,
 {
 	struct ursa_chanmem *m = c->mem;
 	uint32_t tail = atomic_load_explicit(&m->resp_tail, memory_order_relaxed);
+	uint32_t head = atomic_load_explicit(&m->resp_head, memory_order_acquire);
 
+	/* Full (the requester has not read our earlier answers): drop this
+	 * one; the requester retransmits and we answer from last_resp. */
+	if (tail - head >= URSA_SHM_SLOTS)
+		return;
 	memcpy(&m->resp[tail % URSA_SHM_SLOTS], src, len);
 	/* Release: the answer is complete before the requester sees it. */
 	atomic_store_explicit(&m->resp_tail, tail + 1, memory_order_release);
