@@ -24,7 +24,7 @@ CFLAGS += -fsanitize=address,undefined -fno-sanitize-recover=all \
 LDFLAGS += -fsanitize=address,undefined
 endif
 
-LIB_SRC := $(wildcard src/util/*.c src/core/*.c src/engine/*.c \
+LIB_SRC := $(wildcard src/util/*.c src/core/*.c src/engine/*.c src/proto/*.c \
 	src/transport/*.c src/verbs/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB := $(BUILD)/lib/libibverbs.so.1
@@ -71,7 +71,7 @@ $(BUILD)/bin/ursa: tools/ursa.c $(LIB) $(BUILD)/lib/libibverbs.so
 tests: $(UNIT_BIN) $(FUNC_BIN)
 
 # Unit tests link the pure modules directly.
-UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c \
+UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c src/proto/roce.c \
 	src/core/qpstate.c src/util/util.c
 $(BUILD)/tests/unit_%: tests/unit/%.c $(HARNESS) tests/harness.h $(UNIT_DEPS)
 	@mkdir -p $(dir $@)

@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: MIT
+/*
+ * roce.c - RoCEv2 headers, opcode table, ICRC (see roce.h).
+ */
+#include "roce.h"
+
+#include <errno.h>
+#include <string.h>
+
+#define REQ_SEND (P_REQ | P_SEND | P_PAYLOAD)
+#define REQ_WRITE (P_REQ | P_WRITE | P_PAYLOAD)
+#define RESP_READ (P_RESP | P_READ | P_PAYLOAD)
+#define ONLY (P_FIRST | P_LAST)
+
+/* Operations shared by RC and UC (IBTA table 35), by low 5 bits. */
+static const uint32_t ops[32] = {
+	[OP_SEND_FIRST] = REQ_SEND | P_FIRST,
+	[OP_SEND_MIDDLE] = REQ_SEND | P_MIDDLE,
+	[OP_SEND_LAST] = REQ_SEND | P_LAST,
+	[OP_SEND_LAST_IMM] = REQ_SEND | P_LAST | H_IMM,
+	[OP_SEND_ONLY] = REQ_SEND | ONLY,
+	[OP_SEND_ONLY_IMM] = REQ_SEND | ONLY | H_IMM,
+	[OP_WRITE_FIRST] = REQ_WRITE | P_FIRST | H_RETH,
+	[OP_WRITE_MIDDLE] = REQ_WRITE | P_MIDDLE,
+	[OP_WRITE_LAST] = REQ_WRITE | P_LAST,
+	[OP_WRITE_LAST_IMM] = REQ_WRITE | P_LAST | H_IMM,
+	[OP_WRITE_ONLY] = REQ_WRITE | ONLY | H_RETH,
+	[OP_WRITE_ONLY_IMM] = REQ_WRITE | ONLY | H_RETH | H_IMM,
+	[OP_READ_REQ] = P_REQ | P_READ | ONLY | H_RETH,
+	[OP_READ_RESP_FIRST] = RESP_READ | P_FIRST | H_AETH,
+	[OP_READ_RESP_MIDDLE] = RESP_READ | P_MIDDLE,
+	[OP_READ_RESP_LAST] = RESP_READ | P_LAST | H_AETH,
+	[OP_READ_RESP_ONLY] = RESP_READ | ONLY | H_AETH,
+	[OP_ACK] = P_RESP | ONLY | H_AETH,
+	[OP_ATOMIC_ACK] = P_RESP | P_ATOMIC | ONLY | H_AETH | H_ATMACK,
+	[OP_CMP_SWAP] = P_REQ | P_ATOMIC | ONLY | H_ATMETH,
+	[OP_FETCH_ADD] = P_REQ | P_ATOMIC | ONLY | H_ATMETH,
+	[OP_SEND_LAST_INV] = REQ_SEND | P_LAST | H_IETH,
+	[OP_SEND_ONLY_INV] = REQ_SEND | ONLY | H_IETH,
+};
+
+uint32_t roce_opcode_flags(uint8_t opcode)
+{
+	uint8_t t = opcode & 0xe0, o = opcode & 0x1f;
+
+	switch (t) {
+	case ROCE_RC:
+		return ops[o];
+	case ROCE_UC:
+		/* UC: SEND and RDMA WRITE only */
+		return o <= OP_WRITE_ONLY_IMM ? ops[o] : 0;
+	case ROCE_UD:
+		if (o == OP_SEND_ONLY || o == OP_SEND_ONLY_IMM)
+			return ops[o] | H_DETH;
+		return 0;
+	}
+	return 0;
+}
+
+unsigned roce_hdr_len(uint8_t opcode)
+{
+	uint32_t f = roce_opcode_flags(opcode);
+	unsigned n = ROCE_BTH_LEN;
+
+	if (!f)
+		return 0;
+	if (f & H_DETH) n += 8;
+	if (f & H_RETH) n += 16;
+	if (f & H_ATMETH) n += 28;
+	if (f & H_AETH) n += 4;
+	if (f & H_ATMACK) n += 8;
+	if (f & H_IMM) n += 4;
+	if (f & H_IETH) n += 4;
+	return n;
+}
+
+const char *roce_opcode_name(uint8_t opcode)
+{
+	static const char *const names[32] = {
+		"SEND_FIRST", "SEND_MIDDLE", "SEND_LAST", "SEND_LAST_IMM",
+		"SEND_ONLY", "SEND_ONLY_IMM", "WRITE_FIRST", "WRITE_MIDDLE",
+		"WRITE_LAST", "WRITE_LAST_IMM", "WRITE_ONLY", "WRITE_ONLY_IMM",
+		"READ_REQUEST", "READ_RESPONSE_FIRST", "READ_RESPONSE_MIDDLE",
+		"READ_RESPONSE_LAST", "READ_RESPONSE_ONLY", "ACKNOWLEDGE",
+		"ATOMIC_ACKNOWLEDGE", "COMPARE_SWAP", "FETCH_ADD", NULL,
+		"SEND_LAST_INV", "SEND_ONLY_INV",
+	};
+
+	if (!roce_opcode_flags(opcode))
+		return "unknown";
+	return names[opcode & 0x1f] ? names[opcode & 0x1f] : "unknown";
+}
+
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+static uint32_t get24(const uint8_t *p) { return (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2]; }
+static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | get24(p + 1); }
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) << 32 | get32(p + 4); }
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static void put24(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 16); p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)v; }
+static void put32(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 24); put24(p + 1, v); }
+static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
+
+int roce_parse(const uint8_t *buf, size_t len, struct roce_pkt *p)
+{
+	uint32_t f;
+	unsigned hl;
+	const uint8_t *h;
+	size_t body;
+
+	memset(p, 0, sizeof(*p));
+	if (len < ROCE_BTH_LEN + ROCE_ICRC_LEN)
+		return -EBADMSG;
+	p->opcode = buf[0];
+	f = roce_opcode_flags(p->opcode);
+	hl = roce_hdr_len(p->opcode);
+	if (!f || len < hl + ROCE_ICRC_LEN)
+		return -EBADMSG;
+	if (buf[1] & 0x0f)		/* TVer must be 0 (IBTA C9-5) */
+		return -EBADMSG;
+	p->se = buf[1] & 0x80;
+	p->mig = buf[1] & 0x40;
+	p->padcnt = (buf[1] >> 4) & 3;
+	p->pkey = get16(buf + 2);
+	p->dqpn = get24(buf + 5);
+	p->ackreq = buf[8] & 0x80;
+	p->psn = get24(buf + 9);
+	h = buf + ROCE_BTH_LEN;
+	if (f & H_DETH) {
+		p->qkey = get32(h);
+		p->sqpn = get24(h + 5);
+		h += 8;
+	}
+	if (f & H_RETH) {
+		p->va = get64(h);
+		p->rkey = get32(h + 8);
+		p->dmalen = get32(h + 12);
+		h += 16;
+	}
+	if (f & H_ATMETH) {
+		p->va = get64(h);
+		p->rkey = get32(h + 8);
+		p->swap_add = get64(h + 12);
+		p->compare = get64(h + 20);
+		h += 28;
+	}
+	if (f & H_AETH) {
+		p->syndrome = h[0];
+		p->msn = get24(h + 1);
+		h += 4;
+	}
+	if (f & H_ATMACK) {
+		p->orig = get64(h);
+		h += 8;
+	}
+	if (f & (H_IMM | H_IETH)) {
+		/* ImmDt stays in network order (opaque to ursa, delivered as
+		 * is); IETH is an rkey, a number. */
+		if (f & H_IMM)
+			memcpy(&p->imm, h, 4);
+		else
+			p->imm = get32(h);
+		h += 4;
+	}
+	body = len - hl - ROCE_ICRC_LEN;
+	if (!(f & P_PAYLOAD)) {
+		if (body || p->padcnt)
+			return -EBADMSG;
+		return 0;
+	}
+	if (p->padcnt > body)
+		return -EBADMSG;
+	p->payload = h;
+	p->paylen = (uint32_t)(body - p->padcnt);
+	return 0;
+}
+
+int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
+	       const void *payload, uint32_t paylen)
+{
+	uint32_t f = roce_opcode_flags(p->opcode);
+	unsigned hl = roce_hdr_len(p->opcode);
+	uint8_t pad = (uint8_t)((4 - (paylen & 3)) & 3);
+	uint8_t *h;
+
+	if (!f || (!(f & P_PAYLOAD) && paylen))
+		return -EINVAL;
+	if (!(f & P_PAYLOAD))
+		pad = 0;
+	if ((size_t)hl + paylen + pad + ROCE_ICRC_LEN > cap)
+		return -ENOSPC;
+	buf[0] = p->opcode;
+	buf[1] = (uint8_t)((p->se ? 0x80 : 0) | (p->mig ? 0x40 : 0) | pad << 4);
+	put16(buf + 2, p->pkey);
+	buf[4] = 0;
+	put24(buf + 5, p->dqpn);
+	buf[8] = p->ackreq ? 0x80 : 0;
+	put24(buf + 9, p->psn);
+	h = buf + ROCE_BTH_LEN;
+	if (f & H_DETH) {
+		put32(h, p->qkey);
+		h[4] = 0;
+		put24(h + 5, p->sqpn);
+		h += 8;
+	}
+	if (f & H_RETH) {
+		put64(h, p->va);
+		put32(h + 8, p->rkey);
+		put32(h + 12, p->dmalen);
+		h += 16;
+	}
+	if (f & H_ATMETH) {
+		put64(h, p->va);
+		put32(h + 8, p->rkey);
+		put64(h + 12, p->swap_add);
+		put64(h + 20, p->compare);
+		h += 28;
+	}
+	if (f & H_AETH) {
+		h[0] = p->syndrome;
+		put24(h + 1, p->msn);
+		h += 4;
+	}
+	if (f & H_ATMACK) {
+		put64(h, p->orig);
+		h += 8;
+	}
+	if (f & H_IMM) {
+		memcpy(h, &p->imm, 4);
+		h += 4;
+	} else if (f & H_IETH) {
+		put32(h, p->imm);
+		h += 4;
+	}
+	if (paylen)
+		memcpy(h, payload, paylen);
+	memset(h + paylen, 0, pad);	/* pad bytes are zero (rxe) */
+	return (int)(hl + paylen + pad + ROCE_ICRC_LEN);
+}
+
+static uint32_t crc_table[256];
+
+static void crc_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+
+		for (int k = 0; k < 8; k++)
+			c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+		crc_table[i] = c;
+	}
+}
+
+uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n)
+{
+	/* Benign race: every thread computes the same table. */
+	if (!crc_table[1])
+		crc_init();
+	for (size_t i = 0; i < n; i++)
+		reg = crc_table[(reg ^ p[i]) & 0xff] ^ (reg >> 8);
+	return reg;
+}
+
+uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
+		   const uint8_t *ib, size_t ib_len)
+{
+	static const uint8_t lrh[8] = { 0xff, 0xff, 0xff, 0xff,
+					0xff, 0xff, 0xff, 0xff };
+	uint8_t hdr[40 + 8 + ROCE_BTH_LEN];
+	uint32_t reg = 0xffffffffu;
+	size_t n = 0;
+
+	if ((ip_len != 20 && ip_len != 40) || ib_len < ROCE_BTH_LEN)
+		return 0;
+	memcpy(hdr, ip, ip_len);
+	if (ip_len == 20) {
+		hdr[1] = 0xff;			/* TOS */
+		hdr[8] = 0xff;			/* TTL */
+		hdr[10] = hdr[11] = 0xff;	/* header checksum */
+	} else {
+		hdr[0] |= 0x0f;			/* traffic class, flow label */
+		hdr[1] = hdr[2] = hdr[3] = 0xff;
+		hdr[7] = 0xff;			/* hop limit */
+	}
+	n = ip_len;
+	memcpy(hdr + n, udp, 8);
+	hdr[n + 6] = hdr[n + 7] = 0xff;		/* UDP checksum */
+	n += 8;
+	memcpy(hdr + n, ib, ROCE_BTH_LEN);
+	hdr[n + 4] = 0xff;			/* FECN, BECN, reserved */
+	n += ROCE_BTH_LEN;
+	reg = roce_crc32_raw(reg, lrh, sizeof(lrh));
+	reg = roce_crc32_raw(reg, hdr, n);
+	reg = roce_crc32_raw(reg, ib + ROCE_BTH_LEN, ib_len - ROCE_BTH_LEN);
+	return ~reg;
+}
+
+void roce_icrc_put(uint8_t *dst, uint32_t icrc)
+{
+	/* least significant byte first (IBTA 7.8.1; rocev2.md 3.3) */
+	dst[0] = (uint8_t)icrc;
+	dst[1] = (uint8_t)(icrc >> 8);
+	dst[2] = (uint8_t)(icrc >> 16);
+	dst[3] = (uint8_t)(icrc >> 24);
+}
+
+uint32_t roce_icrc_get(const uint8_t *src)
+{
+	return (uint32_t)src[0] | (uint32_t)src[1] << 8 |
+	       (uint32_t)src[2] << 16 | (uint32_t)src[3] << 24;
+}

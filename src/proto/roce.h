@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * roce.h - RoCEv2 wire format: InfiniBand transport headers (IBTA vol. 1,
+ * chapter 9), the opcode table, the ICRC (IBTA 7.8 with the RoCEv2 masks of
+ * annex A17) and 24-bit PSN arithmetic.
+ *
+ * Pure functions over byte buffers: no I/O, no allocation, no global state,
+ * so they are unit-tested against published packets and fuzzed. Everything
+ * a parser reads is bounds-checked against the length it was given; a packet
+ * that does not fit its opcode's layout is rejected, never read past.
+ */
+#ifndef URSA_PROTO_ROCE_H
+#define URSA_PROTO_ROCE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ROCE_UDP_PORT 4791
+#define ROCE_BTH_LEN 12
+#define ROCE_ICRC_LEN 4
+#define ROCE_DEFAULT_PKEY 0xffff
+
+/* Opcode: bits 7-5 transport, bits 4-0 operation (IBTA table 35). */
+enum {
+	ROCE_RC = 0x00, ROCE_UC = 0x20, ROCE_UD = 0x60,
+};
+enum {
+	OP_SEND_FIRST = 0x00, OP_SEND_MIDDLE = 0x01, OP_SEND_LAST = 0x02,
+	OP_SEND_LAST_IMM = 0x03, OP_SEND_ONLY = 0x04, OP_SEND_ONLY_IMM = 0x05,
+	OP_WRITE_FIRST = 0x06, OP_WRITE_MIDDLE = 0x07, OP_WRITE_LAST = 0x08,
+	OP_WRITE_LAST_IMM = 0x09, OP_WRITE_ONLY = 0x0a, OP_WRITE_ONLY_IMM = 0x0b,
+	OP_READ_REQ = 0x0c, OP_READ_RESP_FIRST = 0x0d, OP_READ_RESP_MIDDLE = 0x0e,
+	OP_READ_RESP_LAST = 0x0f, OP_READ_RESP_ONLY = 0x10, OP_ACK = 0x11,
+	OP_ATOMIC_ACK = 0x12, OP_CMP_SWAP = 0x13, OP_FETCH_ADD = 0x14,
+	OP_SEND_LAST_INV = 0x16, OP_SEND_ONLY_INV = 0x17,
+};
+
+/* Which headers follow the BTH, and what the opcode means. */
+enum {
+	H_RETH = 1 << 0, H_AETH = 1 << 1, H_ATMETH = 1 << 2, H_ATMACK = 1 << 3,
+	H_IMM = 1 << 4, H_IETH = 1 << 5, H_DETH = 1 << 6,
+	/* properties */
+	P_PAYLOAD = 1 << 8, P_FIRST = 1 << 9, P_MIDDLE = 1 << 10,
+	P_LAST = 1 << 11, P_REQ = 1 << 12, P_RESP = 1 << 13,
+	P_SEND = 1 << 14, P_WRITE = 1 << 15, P_READ = 1 << 16,
+	P_ATOMIC = 1 << 17,
+};
+
+/* Flags of an opcode, 0 if the opcode is unknown or not valid. */
+uint32_t roce_opcode_flags(uint8_t opcode);
+/* Header length from BTH up to the payload, or 0 if unknown. */
+unsigned roce_hdr_len(uint8_t opcode);
+const char *roce_opcode_name(uint8_t opcode);
+
+/* AETH syndrome (IBTA 9.3.5, table 42). */
+enum {
+	AETH_ACK = 0x00, AETH_RNR = 0x20, AETH_NAK = 0x60,
+	AETH_NAK_PSN = 0x60, AETH_NAK_INV = 0x61, AETH_NAK_ACCESS = 0x62,
+	AETH_NAK_OP = 0x63,
+	AETH_TYPE_MASK = 0x60,
+	AETH_CREDIT_INVALID = 0x1f,
+};
+
+/* A parsed (or to-be-built) packet. */
+struct roce_pkt {
+	uint8_t opcode;
+	bool se, mig, ackreq;
+	uint8_t padcnt;
+	uint16_t pkey;
+	uint32_t dqpn;		/* 24 bits */
+	uint32_t psn;		/* 24 bits */
+	/* RETH / AtomicETH */
+	uint64_t va;
+	uint32_t rkey;
+	uint32_t dmalen;
+	uint64_t swap_add, compare;
+	/* AETH */
+	uint8_t syndrome;
+	uint32_t msn;
+	/* AtomicAckETH */
+	uint64_t orig;
+	/* DETH */
+	uint32_t qkey, sqpn;
+	/* ImmDt (network order, opaque) or IETH (rkey) */
+	uint32_t imm;
+	/* payload, excluding pad */
+	const uint8_t *payload;
+	uint32_t paylen;
+};
+
+/*
+ * Parse a transport packet: buf holds everything from the BTH to the end of
+ * the ICRC (a UDP datagram's payload). Returns 0, or -EBADMSG for anything
+ * malformed: too short for the opcode's headers, unknown opcode, TVer not
+ * 0, pad larger than the payload. The ICRC is not checked here.
+ */
+int roce_parse(const uint8_t *buf, size_t len, struct roce_pkt *p);
+
+/*
+ * Build headers, payload and pad into buf (cap bytes); the ICRC's 4 bytes
+ * are reserved but not written. Returns the length including the ICRC, or
+ * -ENOSPC / -EINVAL.
+ */
+int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
+	       const void *payload, uint32_t paylen);
+
+/* CRC-32 (reflected 0xEDB88320), raw register form: no pre/post inversion. */
+uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n);
+
+/*
+ * ICRC of a RoCEv2 packet (IBTA 7.8.1, annex A17.3.3): CRC-32 over 8 bytes
+ * of 0xff, the IP header (20 bytes IPv4 or 40 IPv6) and UDP header with
+ * their variant fields set to all ones, the BTH with byte 4 set to 0xff, and
+ * the rest of the packet up to the ICRC. ip is the IP header, udp the 8-byte
+ * UDP header, ib everything from the BTH on (ib_len excludes the ICRC).
+ * The value is sent least-significant byte first (roce_icrc_put).
+ */
+uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
+		   const uint8_t *ib, size_t ib_len);
+void roce_icrc_put(uint8_t *dst, uint32_t icrc);
+uint32_t roce_icrc_get(const uint8_t *src);
+
+/* 24-bit PSN arithmetic (IBTA 9.7.1: half the space behind is the past). */
+static inline uint32_t psn_add(uint32_t psn, uint32_t n)
+{
+	return (psn + n) & 0xffffff;
+}
+
+/* > 0 if a is after b, < 0 if before, 0 if equal. */
+static inline int32_t psn_cmp(uint32_t a, uint32_t b)
+{
+	return (int32_t)((a - b) << 8);
+}
+
+#endif
