@@ -648,6 +648,11 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 
 	memset(resp, 0, sizeof(*resp));
 	w->connecting = false;
+	/* A peer may answer and then exit: its answer counts even if the
+	 * channel died right after. */
+	if (c && c->state == URSA_CHAN_DEAD && c->mem && w->inflight &&
+	    peek_resp(c))
+		goto answered;
 	if (!c || c->state == URSA_CHAN_DEAD) {
 		/* Nobody answers. UC/UD never know; RC waits for its ACK
 		 * timeout like for a lost packet. */
@@ -675,6 +680,8 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	p = peek_resp(c);
 	if (!p)
 		goto wait;
+answered:
+	p = peek_resp(c);
 	resp->ack = p->ack <= URSA_DROPPED ? (enum ursa_ack)p->ack : URSA_NAK_OP_ERR;
 	resp->why = p->why;
 	resp->rnr_timer = (uint8_t)p->rnr_timer;
