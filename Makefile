@@ -68,7 +68,11 @@ $(BUILD)/bin/ursa: tools/ursa.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) -libverbs
 
-tests: $(UNIT_BIN) $(FUNC_BIN)
+tests: $(UNIT_BIN) $(FUNC_BIN) $(BUILD)/tests/xfer
+
+$(BUILD)/tests/xfer: tests/hosts/xfer.c $(LIB) $(BUILD)/lib/libibverbs.so
+	@mkdir -p $(dir $@)
+	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) -libverbs
 
 # Unit tests link the pure modules directly.
 UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c src/proto/roce.c \

@@ -70,6 +70,21 @@ struct ursa_engine_stats {
 
 int ursa_engine_stats(struct ibv_context *ctx, struct ursa_engine_stats *st);
 
+/* RoCEv2 (between hosts) counters of this process. */
+struct ursa_udp_stats {
+	uint64_t comp_mask;
+	uint64_t tx_pkts, rx_pkts, tx_bytes, rx_bytes;
+	uint64_t retransmits;	/* go-back-N restarts and timeouts */
+	uint64_t naks_sent, naks_rcvd, rnr_naks;
+	/* received packets dropped, by reason */
+	uint64_t drop_short, drop_opcode, drop_icrc, drop_qpn, drop_src,
+		 drop_psn, drop_state, dup;
+	/* injected on transmit (URSA_FAULT) */
+	uint64_t fault_lost, fault_dup, fault_corrupt, fault_reorder;
+};
+
+int ursa_udp_stats(struct ursa_udp_stats *st);
+
 /* Set port 1 to IBV_PORT_ACTIVE or IBV_PORT_DOWN; every open context gets
  * IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR. For testing applications. */
 int ursa_port_set_state(struct ibv_context *ctx, enum ibv_port_state state);

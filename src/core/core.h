@@ -206,6 +206,7 @@ struct ursa_send_wqe {
 	bool started;
 	bool inflight;		   /* shm: request pushed, awaiting answer */
 	bool connecting;	   /* shm: waiting for the channel */
+	bool via_udp;		   /* the target is on another host */
 	uint64_t xfer_off;	   /* shm: bytes of the message acknowledged */
 	uint64_t deadline_ns;	   /* shm: when the answer is overdue */
 	struct ibv_sge sge[URSA_MAX_SGE];
@@ -253,6 +254,7 @@ struct ursa_qp {
 	int listen_fd;		   /* abstract socket "\0ursa/qp/<qpn>" */
 	void *listen_watch;
 	struct ursa_chan *chans;   /* channels this QP sends on */
+	struct ursa_uqp *udp;	   /* RoCEv2 state (transport/udp.c) */
 
 	struct ursa_qp_counters cnt;
 };

@@ -11,6 +11,7 @@
  * checked when the engine executes the WQE and reported as a completion.
  */
 #include "../transport/shm.h"
+#include "../transport/udp.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -137,6 +138,11 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 	ret = ursa_loop_add(qp);
 	if (ret)
 		goto err_rq;
+	ret = ursa_uqp_init(qp);
+	if (ret) {
+		ursa_loop_del(qp);
+		goto err_rq;
+	}
 	qp->ex.qp_base.handle = qp->ex.qp_base.qp_num;
 	atomic_fetch_add(&qp->pd->refs, 1);
 	atomic_fetch_add(&qp->scq->refs, 1);
@@ -167,6 +173,7 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 
 	/* No responder can find the QP after this, and none still runs. */
 	ursa_loop_del(qp);
+	ursa_uqp_fini(qp);
 	pthread_mutex_lock(&ctx->qp_lock);
 	for (struct ursa_qp **pp = &ctx->qps; *pp; pp = &(*pp)->next)
 		if (*pp == qp) {
@@ -355,11 +362,13 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		pthread_mutex_unlock(&ctx->qp_lock);
 		memset(q, 0, sizeof(*q));
 		pthread_mutex_unlock(&qp->state_lock);
+		ursa_uqp_modified(qp, mask);
 		return 0;
 	}
 	if (next == IBV_QPS_ERR) {
 		pthread_mutex_unlock(&qp->state_lock);
 		ursa_qp_to_error(qp, false);
+		ursa_uqp_modified(qp, mask);
 		return 0;
 	}
 	if (next == IBV_QPS_SQD && cur != IBV_QPS_SQD) {
@@ -376,6 +385,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	}
 	set_state(qp, next);
 	pthread_mutex_unlock(&qp->state_lock);
+	ursa_uqp_modified(qp, mask);
 	if (next == IBV_QPS_RTS && ctx->eng)
 		ursa_engine_kick(ctx->eng);
 	return 0;

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "../transport/shm.h"
+#include "../transport/udp.h"
 
 #define EVENT_POLL_NS 200000ull	/* a busy engine still looks at sockets */
 
@@ -40,6 +41,7 @@ static bool any_pending(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
 
 	pthread_mutex_lock(&ctx->qp_lock);
 	p = ursa_shm_serve_pending(ctx->eng);
+	/* (a datagram waiting on the RoCEv2 socket wakes epoll_wait) */
 	for (struct ursa_qp *qp = ctx->qps; qp && !p; qp = qp->next)
 		p = ursa_req_pending(qp, now, deadline);
 	pthread_mutex_unlock(&ctx->qp_lock);
@@ -49,7 +51,7 @@ static bool any_pending(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
 /* Serve channels and run send queues; caller holds ctx->qp_lock. */
 static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
 {
-	int work = ursa_shm_serve(ctx->eng);
+	int work = ursa_shm_serve(ctx->eng) + ursa_udp_poll();
 
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
 		work += ursa_req_process(qp, now, deadline);
@@ -90,6 +92,8 @@ static void handle_events(struct ursa_engine *e, int timeout_ms)
 	for (int i = 0; i < n; i++) {
 		struct ursa_watch *w = ev[i].data.ptr;
 
+		if (w->kind == URSA_W_UDP)
+			continue;	/* the next pass receives */
 		if (w->kind == URSA_W_DOORBELL) {
 			uint64_t v;
 

@@ -52,7 +52,7 @@ struct ursa_engine {
 };
 
 /* What the engine's epoll set watches. */
-enum ursa_watch_kind { URSA_W_DOORBELL, URSA_W_LISTEN, URSA_W_CHAN };
+enum ursa_watch_kind { URSA_W_DOORBELL, URSA_W_LISTEN, URSA_W_CHAN, URSA_W_UDP };
 struct ursa_watch {
 	enum ursa_watch_kind kind;
 	void *ptr;		/* NULL once closed */

@@ -22,6 +22,7 @@
  */
 #include "engine.h"
 #include "../transport/shm.h"
+#include "../transport/udp.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -273,6 +274,8 @@ static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 	bool signaled = st != IBV_WC_SUCCESS || (w->flags & IBV_SEND_SIGNALED) ||
 			qp->sq_sig_all;
 
+	if (w->via_udp)
+		ursa_udp_abort(qp);	/* whatever state the message left */
 	if (!signaled) {
 		ursa_ring_consume(&qp->sq, 1);
 		return;
@@ -457,9 +460,16 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			return;
 		}
 	} else {
-		memset(&resp, 0, sizeof(resp));
-		resp.ack = URSA_DROPPED;
-		resp.why = URSA_WHY_UNREACHABLE;
+		/* Another host: RoCEv2 over UDP. */
+		uint64_t until = UINT64_MAX;
+
+		w->via_udp = true;
+		if (!ursa_udp_step(qp, w, &r, now, &resp, &until)) {
+			put_local(w, refs);
+			a->done = 0;
+			a->retry_at = until;
+			return;
+		}
 	}
 	put_local(w, refs);
 
@@ -538,6 +548,8 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
  * answer or the channel. */
 static bool wqe_due(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 {
+	if (w->via_udp && w->inflight)
+		return ursa_udp_ready(qp, w, now);
 	if (w->inflight || w->connecting)
 		return ursa_shm_ready(qp, w, now);
 	return w->not_before_ns <= now;

@@ -241,7 +241,10 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		return;
 	}
 	if (!write_imm && r->len) {
-		if (r->offset + r->len > r->msg_len) {
+		/* msg_len 0 on a fragment: the total is not known up front
+		 * (RoCE SENDs do not carry it); the buffer bounds it. */
+		if ((r->msg_len && r->offset + r->len > r->msg_len) ||
+		    grh + r->offset + r->len > st->room) {
 			wc.wr_id = st->w.wr_id;
 			put_refs(st->refs, st->w.num_sge);
 			st->active = false;
@@ -272,7 +275,8 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 	wc.qp_num = tqp->ex.qp_base.qp_num;
 	wc.src_qp = r->src_qpn;
 	wc.opcode = write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-	wc.byte_len = (uint32_t)(write_imm ? r->msg_len : need);
+	wc.byte_len = (uint32_t)(write_imm ? r->msg_len :
+				 (r->msg_len ? need : grh + r->offset + r->len));
 	if (ud)
 		wc.wc_flags |= IBV_WC_GRH;
 	if (r->invalidate &&

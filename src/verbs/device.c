@@ -10,6 +10,7 @@
  * context->ops.
  */
 #include "verbs.h"
+#include "../transport/udp.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -141,6 +142,9 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 		free(ctx);
 		return ret_null(ret);
 	}
+	/* RoCEv2 to other hosts; without it this process still reaches
+	 * every QP on its own host */
+	ursa_udp_start(ctx);
 	pthread_mutex_lock(&dev->ctx_lock);
 	ctx->next_ctx = dev->ctxs;
 	dev->ctxs = ctx;
@@ -162,6 +166,7 @@ EXPORT int ibv_close_device(struct ibv_context *c)
 			break;
 		}
 	pthread_mutex_unlock(&ctx->dev->ctx_lock);
+	ursa_udp_ctx_gone(ctx);
 	ursa_engine_stop(ctx);
 	ursa_evq_fini(&ctx->async, free);
 	if (c->cmd_fd >= 0)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../../include/ursa/ursa.h"
+#include "../transport/udp.h"
 
 #define EXPORT URSA_EXPORT
 
@@ -126,6 +127,22 @@ EXPORT int ursa_port_set_state(struct ibv_context *c,
 				       IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR,
 				 NULL);
 	pthread_mutex_unlock(&dev->ctx_lock);
+	return 0;
+}
+
+EXPORT int ursa_udp_stats(struct ursa_udp_stats *st)
+{
+	struct ursa_udp_counters *c = &ursa_udp_cnt;
+
+	if (!st)
+		return -EINVAL;
+	memset(st, 0, sizeof(*st));
+#define C(f) st->f = atomic_load(&c->f)
+	C(tx_pkts); C(rx_pkts); C(tx_bytes); C(rx_bytes); C(retransmits);
+	C(naks_sent); C(naks_rcvd); C(rnr_naks); C(drop_short); C(drop_opcode);
+	C(drop_icrc); C(drop_qpn); C(drop_src); C(drop_psn); C(drop_state);
+	C(dup); C(fault_lost); C(fault_dup); C(fault_corrupt); C(fault_reorder);
+#undef C
 	return 0;
 }
 

@@ -1,0 +1,1224 @@
+// SPDX-License-Identifier: MIT
+/*
+ * udp.c - RoCEv2 over UDP between hosts (design in udp.h and
+ * docs/design.md). IPv4 GIDs only for now.
+ *
+ * Requester: the WQE at the head of a QP's send queue is one message in
+ * flight (messages of a QP run in order). It is cut into path-MTU packets
+ * with consecutive PSNs and sent in a window of 256 packets; the responder's
+ * cumulative ACKs move the window, a PSN-sequence NAK or the ACK timeout
+ * sends again from the first unacknowledged packet (go-back-N).
+ *
+ * Responder: packets are checked (length, opcode, ICRC, destination QP,
+ * source address for connected QPs, PSN) and then executed by the same
+ * responder as the other transports (resp.c), one packet at a time, under
+ * the QP's lock. Whatever is refused is dropped and counted.
+ */
+#include "udp.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "../proto/roce.h"
+
+#define WINDOW 64		/* packets in flight per QP */
+#define ACKREQ_EVERY 16
+#define MAX_PKT (4096 + 128)
+#define ARES 16			/* saved atomic results (duplicates) */
+
+struct ursa_udp_counters ursa_udp_cnt;
+
+/* --- the process's RoCEv2 socket, faults, capture ------------------------- */
+
+static struct {
+	pthread_mutex_t lock;	/* start/stop, capture file */
+	pthread_mutex_t rx;	/* one receiver at a time */
+	int fd;
+	bool tried;
+	uint16_t port;
+	FILE *pcap;
+	/* fault injection (URSA_FAULT): per-mille probabilities */
+	unsigned loss, dup, reorder, corrupt;
+	uint64_t rng;
+	pthread_mutex_t fault_lock;
+	uint8_t held[MAX_PKT];	/* a packet held back for reordering */
+	size_t held_len;
+	int held_fd;
+	struct sockaddr_in held_to;
+} U = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, -1, false,
+	ROCE_UDP_PORT, NULL, 0, 0, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER,
+	{ 0 }, 0, -1, { 0 } };
+
+struct ursa_uqp {
+	pthread_mutex_t lock;
+	int txfd;
+	uint16_t sport;
+	uint32_t next_psn;	/* requester: PSN of the next new message */
+	/* requester: the message in flight (the head WQE) */
+	struct {
+		bool active, done, is_read;
+		struct ursa_send_wqe *wqe;
+		uint32_t op;	/* ibv_wr_opcode */
+		uint32_t first, npkts, mtu;
+		uint32_t sent, acked;	/* packets */
+		uint8_t nak;	/* AETH syndrome of a NAK/RNR, 0 = none */
+		uint32_t nak_psn;
+		uint64_t orig, len;
+		uint64_t deadline;	/* ACK timeout: counts against retry_cnt */
+		uint64_t rto;		/* early go-back-N, free of charge */
+		bool resend_read;
+		bool progress;	/* acknowledged something since last look */
+		uint32_t rerequested;	/* READ: re-asked from this packet */
+		struct ursa_sg dst[URSA_MAX_SGE];
+		uint32_t ndst;
+	} m;
+	/* responder */
+	uint32_t epsn, msn;
+	bool nak_sent, uc_broken;
+	struct ursa_rstate rs;
+	uint64_t soff;		/* SEND in progress: bytes so far */
+	uint64_t wva, wlen, woff;	/* WRITE in progress */
+	uint32_t wrkey;
+	struct { uint32_t psn; uint64_t orig; bool valid; } ares[ARES];
+	unsigned ares_next;
+};
+
+static uint64_t rnd(void)
+{
+	/* xorshift64*: the fault decisions replay from URSA_FAULT's seed */
+	U.rng ^= U.rng >> 12;
+	U.rng ^= U.rng << 25;
+	U.rng ^= U.rng >> 27;
+	return U.rng * 0x2545f4914f6cdd1dull;
+}
+
+static unsigned pm(const char *spec, const char *key)
+{
+	const char *p = strstr(spec, key);
+
+	if (!p)
+		return 0;
+	return (unsigned)(strtod(p + strlen(key), NULL) * 10.0); /* % -> per mille */
+}
+
+static void pcap_open(const char *path)
+{
+	struct {
+		uint32_t magic;
+		uint16_t major, minor;
+		int32_t zone;
+		uint32_t sigfigs, snaplen, linktype;
+	} h = { 0xa1b2c3d4, 2, 4, 0, 0, 65535, 101 /* raw IP */ };
+
+	U.pcap = fopen(path, "we");
+	if (!U.pcap) {
+		ursa_err("URSA_PCAP=%s: %s", path, strerror(errno));
+		return;
+	}
+	fwrite(&h, sizeof(h), 1, U.pcap);
+	fflush(U.pcap);
+}
+
+static uint16_t csum16(const uint8_t *p, size_t n)
+{
+	uint32_t s = 0;
+
+	for (size_t i = 0; i + 1 < n; i += 2)
+		s += (uint32_t)(p[i] << 8 | p[i + 1]);
+	while (s >> 16)
+		s = (s & 0xffff) + (s >> 16);
+	return (uint16_t)~s;
+}
+
+/* The IPv4 and UDP headers a datagram of ib_len bytes carries: ID 0 and
+ * DF (unconnected socket, PMTU discovery on), as Linux sends it. */
+static void ip_udp(uint8_t ip[20], uint8_t udp[8], uint32_t src, uint32_t dst,
+		   uint16_t sport, uint16_t dport, size_t ib_len, uint8_t ttl)
+{
+	uint16_t tot = (uint16_t)(20 + 8 + ib_len), ul = (uint16_t)(8 + ib_len);
+	uint16_t c;
+
+	memset(ip, 0, 20);
+	ip[0] = 0x45;
+	ip[2] = (uint8_t)(tot >> 8);
+	ip[3] = (uint8_t)tot;
+	ip[6] = 0x40;
+	ip[8] = ttl;
+	ip[9] = 17;
+	memcpy(ip + 12, &src, 4);
+	memcpy(ip + 16, &dst, 4);
+	c = csum16(ip, 20);
+	ip[10] = (uint8_t)(c >> 8);
+	ip[11] = (uint8_t)c;
+	udp[0] = (uint8_t)(sport >> 8);
+	udp[1] = (uint8_t)sport;
+	udp[2] = (uint8_t)(dport >> 8);
+	udp[3] = (uint8_t)dport;
+	udp[4] = (uint8_t)(ul >> 8);
+	udp[5] = (uint8_t)ul;
+	udp[6] = udp[7] = 0;
+}
+
+static void capture(uint32_t src, uint32_t dst, uint16_t sport, uint16_t dport,
+		    const uint8_t *ib, size_t len)
+{
+	uint8_t hdr[28];
+	struct timeval tv;
+	uint32_t rec[4];
+
+	if (!U.pcap)
+		return;
+	ip_udp(hdr, hdr + 20, src, dst, sport, dport, len, 64);
+	gettimeofday(&tv, NULL);
+	rec[0] = (uint32_t)tv.tv_sec;
+	rec[1] = (uint32_t)tv.tv_usec;
+	rec[2] = rec[3] = (uint32_t)(28 + len);
+	pthread_mutex_lock(&U.lock);
+	fwrite(rec, sizeof(rec), 1, U.pcap);
+	fwrite(hdr, 28, 1, U.pcap);
+	fwrite(ib, len, 1, U.pcap);
+	fflush(U.pcap);
+	pthread_mutex_unlock(&U.lock);
+}
+
+int ursa_udp_fd(void)
+{
+	return U.fd;
+}
+
+int ursa_udp_start(struct ursa_ctx *ctx)
+{
+	static struct ursa_watch w = { URSA_W_UDP, (void *)1, NULL };
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &w };
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	int one = 1, fd;
+	const char *s;
+
+	pthread_mutex_lock(&U.lock);
+	if (!U.tried) {
+		U.tried = true;
+		U.port = (uint16_t)ursa_env_long("URSA_UDP_PORT", ROCE_UDP_PORT, 1, 65535);
+		s = getenv("URSA_FAULT");
+		if (s && *s) {
+			const char *seed = strstr(s, "seed=");
+
+			U.loss = pm(s, "loss=");
+			U.dup = pm(s, "dup=");
+			U.reorder = pm(s, "reorder=");
+			U.corrupt = pm(s, "corrupt=");
+			U.rng = seed ? strtoull(seed + 5, NULL, 0) : 1;
+			if (!U.rng)
+				U.rng = 1;
+			ursa_info("fault injection: loss %u/1000, dup %u, reorder %u, corrupt %u, seed %s",
+				  U.loss, U.dup, U.reorder, U.corrupt, seed ? seed + 5 : "1");
+		}
+		s = getenv("URSA_PCAP");
+		if (s && *s)
+			pcap_open(s);
+		fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		sa.sin_port = htons(U.port);
+		if (fd >= 0 && !setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) &&
+		    !bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+			int big = 8 << 20;
+
+			setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+			U.fd = fd;
+		} else {
+			ursa_info("RoCEv2: cannot bind UDP port %u (%s): this process reaches only QPs on its own host",
+				  U.port, strerror(errno));
+			if (fd >= 0)
+				close(fd);
+		}
+	}
+	pthread_mutex_unlock(&U.lock);
+	if (U.fd >= 0 && ctx->eng)
+		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd, &ev);
+	return U.fd >= 0 ? 0 : -EADDRINUSE;
+}
+
+void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
+{
+	if (U.fd >= 0 && ctx->eng && ctx->eng->epfd >= 0)
+		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd, NULL);
+}
+
+static uint32_t gid_v4(const union ibv_gid *g)
+{
+	uint32_t a;
+
+	memcpy(&a, g->raw + 12, 4);
+	return a;
+}
+
+static bool gid_is_v4(const union ibv_gid *g)
+{
+	static const uint8_t pfx[12] = { [10] = 0xff, [11] = 0xff };
+
+	return !memcmp(g->raw, pfx, 12);
+}
+
+/* Send one transport packet (ib, len without ICRC room filled) from the
+ * QP's socket; computes the ICRC; applies injected faults. */
+static void tx(struct ursa_uqp *u, uint32_t src, uint32_t dst, uint8_t *ib,
+	       size_t len, uint8_t ttl)
+{
+	uint8_t ip[20], udp[8];
+	struct sockaddr_in to = { .sin_family = AF_INET,
+				  .sin_port = htons(U.port) };
+	bool dup = false;
+
+	ip_udp(ip, udp, src, dst, u->sport, U.port, len, ttl);
+	roce_icrc_put(ib + len - 4, roce_icrc(ip, 20, udp, ib, len - 4));
+	capture(src, dst, u->sport, U.port, ib, len);
+	to.sin_addr.s_addr = dst;
+	atomic_fetch_add(&ursa_udp_cnt.tx_pkts, 1);
+	atomic_fetch_add(&ursa_udp_cnt.tx_bytes, len);
+	if (U.loss | U.dup | U.reorder | U.corrupt) {
+		pthread_mutex_lock(&U.fault_lock);
+		if (rnd() % 1000 < U.loss) {
+			atomic_fetch_add(&ursa_udp_cnt.fault_lost, 1);
+			pthread_mutex_unlock(&U.fault_lock);
+			return;
+		}
+		if (rnd() % 1000 < U.corrupt) {
+			/* flip one bit past the BTH: the ICRC must catch it */
+			ib[12 + rnd() % (len - 12)] ^= (uint8_t)(1u << (rnd() % 8));
+			atomic_fetch_add(&ursa_udp_cnt.fault_corrupt, 1);
+		}
+		dup = rnd() % 1000 < U.dup;
+		if (!U.held_len && rnd() % 1000 < U.reorder && len <= MAX_PKT) {
+			/* hold this one back until after the next packet */
+			memcpy(U.held, ib, len);
+			U.held_len = len;
+			U.held_fd = u->txfd;
+			U.held_to = to;
+			atomic_fetch_add(&ursa_udp_cnt.fault_reorder, 1);
+			pthread_mutex_unlock(&U.fault_lock);
+			return;
+		}
+		pthread_mutex_unlock(&U.fault_lock);
+	}
+	if (sendto(u->txfd, ib, len, 0, (struct sockaddr *)&to, sizeof(to)) < 0)
+		ursa_dbg("udp send: %s", strerror(errno));
+	if (dup) {
+		atomic_fetch_add(&ursa_udp_cnt.fault_dup, 1);
+		sendto(u->txfd, ib, len, 0, (struct sockaddr *)&to, sizeof(to));
+	}
+	if (U.held_len) {
+		pthread_mutex_lock(&U.fault_lock);
+		if (U.held_len) {
+			sendto(U.held_fd, U.held, U.held_len, 0,
+			       (struct sockaddr *)&U.held_to, sizeof(U.held_to));
+			U.held_len = 0;
+		}
+		pthread_mutex_unlock(&U.fault_lock);
+	}
+}
+
+/* --- per-QP state ------------------------------------------------------------ */
+
+int ursa_uqp_init(struct ursa_qp *qp)
+{
+	struct ursa_uqp *u = calloc(1, sizeof(*u));
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	uint32_t qpn = qp->ex.qp_base.qp_num;
+	int one = 1, pmtu = IP_PMTUDISC_DO;
+
+	if (!u)
+		return -ENOMEM;
+	pthread_mutex_init(&u->lock, NULL);
+	/* rxe's choice of source port: 0xC000 + a hash of the QPN */
+	u->sport = (uint16_t)(0xc000 | (((qpn * 0x61c88647u) >> 18) & 0x3fff));
+	u->txfd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (u->txfd >= 0) {
+		setsockopt(u->txfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		setsockopt(u->txfd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+		/* DF set and unconnected: Linux sends IP ID 0, which the
+		 * ICRC covers */
+		setsockopt(u->txfd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu));
+		sa.sin_port = htons(u->sport);
+		if (bind(u->txfd, (struct sockaddr *)&sa, sizeof(sa))) {
+			close(u->txfd);
+			u->txfd = -1;
+		}
+	}
+	qp->udp = u;
+	return 0;
+}
+
+void ursa_uqp_fini(struct ursa_qp *qp)
+{
+	struct ursa_uqp *u = qp->udp;
+
+	if (!u)
+		return;
+	ursa_rstate_drop(&u->rs);
+	if (u->txfd >= 0)
+		close(u->txfd);
+	pthread_mutex_destroy(&u->lock);
+	free(u);
+	qp->udp = NULL;
+}
+
+void ursa_uqp_modified(struct ursa_qp *qp, int mask)
+{
+	struct ursa_uqp *u = qp->udp;
+
+	if (!u)
+		return;
+	pthread_mutex_lock(&u->lock);
+	if (mask & IBV_QP_RQ_PSN) {
+		u->epsn = qp->attr.rq_psn;
+		u->nak_sent = false;
+	}
+	if (mask & IBV_QP_SQ_PSN)
+		u->next_psn = qp->attr.sq_psn;
+	if (mask & IBV_QP_STATE) {
+		u->m.active = false;
+		ursa_rstate_drop(&u->rs);
+	}
+	pthread_mutex_unlock(&u->lock);
+}
+
+void ursa_udp_abort(struct ursa_qp *qp)
+{
+	struct ursa_uqp *u = qp->udp;
+
+	if (u) {
+		pthread_mutex_lock(&u->lock);
+		u->m.active = false;
+		pthread_mutex_unlock(&u->lock);
+	}
+}
+
+static uint32_t mtu_of(struct ursa_qp *qp)
+{
+	if (qp->ex.qp_base.qp_type == IBV_QPT_UD)
+		return (uint32_t)ursa_mtu_bytes(ursa_device_get()->active_mtu);
+	return (uint32_t)ursa_mtu_bytes(qp->attr.path_mtu ? qp->attr.path_mtu :
+							    IBV_MTU_1024);
+}
+
+static uint8_t transport_bits(struct ursa_qp *qp)
+{
+	switch (qp->ex.qp_base.qp_type) {
+	case IBV_QPT_UC: return ROCE_UC;
+	case IBV_QPT_UD: return ROCE_UD;
+	default: return ROCE_RC;
+	}
+}
+
+/* Control packet (ACK, NAK, ATOMIC ACK) from a responder QP. */
+static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t to,
+		     uint32_t from, uint8_t opcode, uint8_t syn, uint32_t psn,
+		     uint64_t orig)
+{
+	uint8_t buf[64];
+	struct roce_pkt p = { 0 };
+	int n;
+
+	p.opcode = (uint8_t)(ROCE_RC | opcode);
+	p.pkey = ROCE_DEFAULT_PKEY;
+	p.dqpn = qp->attr.dest_qp_num;
+	p.psn = psn & 0xffffff;
+	p.syndrome = syn;
+	p.msn = u->msn & 0xffffff;
+	p.orig = orig;
+	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
+	if (n > 0)
+		tx(u, from, to, buf, (size_t)n, qp->attr.ah_attr.grh.hop_limit);
+	if ((syn & AETH_TYPE_MASK) == AETH_NAK)
+		atomic_fetch_add(&ursa_udp_cnt.naks_sent, 1);
+}
+
+static uint8_t nak_syndrome(enum ursa_ack a, uint8_t rnr)
+{
+	switch (a) {
+	case URSA_NAK_RNR: return (uint8_t)(AETH_RNR | (rnr & 0x1f));
+	case URSA_NAK_ACCESS: return AETH_NAK_ACCESS;
+	case URSA_NAK_OP_ERR: return AETH_NAK_OP;
+	default: return AETH_NAK_INV;
+	}
+}
+
+/* --- requester ---------------------------------------------------------------- */
+
+static uint8_t req_opcode(uint32_t op, bool first, bool last, bool imm_inv)
+{
+	uint8_t o;
+
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		if (first && last)
+			o = op == IBV_WR_RDMA_WRITE ? OP_WRITE_ONLY : OP_WRITE_ONLY_IMM;
+		else if (first)
+			o = OP_WRITE_FIRST;
+		else if (last)
+			o = op == IBV_WR_RDMA_WRITE ? OP_WRITE_LAST : OP_WRITE_LAST_IMM;
+		else
+			o = OP_WRITE_MIDDLE;
+		return o;
+	default: /* SEND family */
+		if (first && last)
+			o = op == IBV_WR_SEND_WITH_IMM ? OP_SEND_ONLY_IMM :
+			    op == IBV_WR_SEND_WITH_INV ? OP_SEND_ONLY_INV : OP_SEND_ONLY;
+		else if (first)
+			o = OP_SEND_FIRST;
+		else if (last)
+			o = op == IBV_WR_SEND_WITH_IMM ? OP_SEND_LAST_IMM :
+			    op == IBV_WR_SEND_WITH_INV ? OP_SEND_LAST_INV : OP_SEND_LAST;
+		else
+			o = OP_SEND_MIDDLE;
+		(void)imm_inv;
+		return o;
+	}
+}
+
+static uint32_t slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
+		      uint64_t len, struct ursa_sg *out)
+{
+	uint32_t k = 0;
+
+	for (uint32_t i = 0; i < n && len; i++) {
+		if (off >= sg[i].len) {
+			off -= sg[i].len;
+			continue;
+		}
+		out[k].va = sg[i].va + off;
+		out[k].len = MIN(sg[i].len - off, len);
+		len -= out[k].len;
+		off = 0;
+		k++;
+	}
+	return k;
+}
+
+/* Send packet k of the message. */
+static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
+			  const struct ursa_req *r, const struct ursa_send_wqe *w,
+			  uint32_t k, uint32_t src, uint32_t dst)
+{
+	uint8_t buf[MAX_PKT], pay[4096];
+	struct roce_pkt p = { 0 };
+	uint64_t off = (uint64_t)k * u->m.mtu;
+	uint32_t len = (uint32_t)MIN((uint64_t)u->m.mtu, r->msg_len - off);
+	bool first = k == 0, last = k + 1 == u->m.npkts;
+	bool ud = qp->ex.qp_base.qp_type == IBV_QPT_UD;
+	struct ursa_sg part[URSA_MAX_SGE], d = { (uintptr_t)pay, len };
+	int n;
+
+	if (r->msg_len == 0)
+		len = 0;
+	if (len)
+		ursa_sg_copy(&d, 1, part, slice(r->src, r->nsrc, off, len, part), len);
+	p.opcode = (uint8_t)(transport_bits(qp) | req_opcode(r->opcode, first, last, false));
+	p.pkey = ROCE_DEFAULT_PKEY;
+	p.dqpn = ud ? w->remote_qpn : qp->attr.dest_qp_num;
+	p.psn = psn_add(u->m.first, k);
+	p.se = last && r->solicited;
+	p.ackreq = qp->ex.qp_base.qp_type == IBV_QPT_RC &&
+		   (last || k % ACKREQ_EVERY == ACKREQ_EVERY - 1);
+	p.va = r->remote_addr;
+	p.rkey = r->rkey;
+	p.dmalen = (uint32_t)r->msg_len;
+	p.imm = r->imm;
+	p.qkey = r->qkey;
+	p.sqpn = qp->ex.qp_base.qp_num;
+	n = roce_build(buf, sizeof(buf), &p, pay, len);
+	if (n > 0)
+		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64);
+}
+
+static void send_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
+			  const struct ursa_req *r, uint32_t src, uint32_t dst)
+{
+	uint8_t buf[64];
+	struct roce_pkt p = { 0 };
+	uint64_t off = (uint64_t)u->m.acked * u->m.mtu;
+	int n;
+
+	p.opcode = ROCE_RC | OP_READ_REQ;
+	p.pkey = ROCE_DEFAULT_PKEY;
+	p.dqpn = qp->attr.dest_qp_num;
+	/* a retried READ asks for what is still missing, at its PSN */
+	p.psn = psn_add(u->m.first, u->m.acked);
+	p.ackreq = true;
+	p.va = r->remote_addr + off;
+	p.rkey = r->rkey;
+	/* At most a window's worth per request: a long burst of responses
+	 * that loses one packet would otherwise be resent whole. The next
+	 * request continues at the next PSN, as a retried READ does. */
+	if (u->m.acked == u->m.sent)	/* a new piece */
+		u->m.sent = MIN(u->m.npkts, u->m.acked + WINDOW);
+	/* A re-request stays inside its piece: a duplicate READ must be a
+	 * subset of the original (IBTA 9.7.5.1.3). */
+	p.dmalen = (uint32_t)MIN(r->msg_len - MIN(off, r->msg_len),
+				 (uint64_t)(u->m.sent - u->m.acked) * u->m.mtu);
+	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
+	if (n > 0)
+		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64);
+}
+
+static void send_atomic(struct ursa_qp *qp, struct ursa_uqp *u,
+			const struct ursa_req *r, uint32_t src, uint32_t dst)
+{
+	uint8_t buf[96];
+	struct roce_pkt p = { 0 };
+	int n;
+
+	p.opcode = (uint8_t)(ROCE_RC | (r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ?
+					OP_CMP_SWAP : OP_FETCH_ADD));
+	p.pkey = ROCE_DEFAULT_PKEY;
+	p.dqpn = qp->attr.dest_qp_num;
+	p.psn = u->m.first;
+	p.ackreq = true;
+	p.va = r->remote_addr;
+	p.rkey = r->rkey;
+	if (r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+		p.swap_add = r->swap;
+		p.compare = r->compare_add;
+	} else {
+		p.swap_add = r->compare_add;
+	}
+	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
+	if (n > 0)
+		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64);
+}
+
+static uint64_t timeout_ns(struct ursa_qp *qp)
+{
+	return ursa_ack_timeout_ns(qp->attr.timeout);
+}
+
+static uint64_t after(uint64_t now, uint64_t d)
+{
+	return d == UINT64_MAX ? UINT64_MAX : now + d;
+}
+
+/*
+ * Early retransmission: packets outstanding with no news for the RTO
+ * (URSA_RTO_US, default 1 ms, never above the ACK timeout) are sent again
+ * from the first unacknowledged one. A lost last packet, ACK or NAK then
+ * costs a millisecond instead of a whole ACK timeout; duplicates are
+ * harmless to the responder (IBTA 9.7.5.1.3). Only the ACK timeout counts
+ * against retry_cnt.
+ */
+static uint64_t rto_ns(struct ursa_qp *qp)
+{
+	static long rto_us = -1;
+	uint64_t t = timeout_ns(qp);
+
+	if (rto_us < 0)
+		rto_us = ursa_env_long("URSA_RTO_US", 1000, 10, 10000000);
+	return MIN(t, (uint64_t)rto_us * 1000);
+}
+
+bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
+{
+	struct ursa_uqp *u = qp->udp;
+
+	if (!u || !u->m.active || u->m.wqe != w)
+		return true;
+	return u->m.done || u->m.nak || now >= u->m.deadline ||
+	       now >= u->m.rto ||
+	       (u->m.is_read && u->m.acked == u->m.sent &&
+		u->m.acked < u->m.npkts) ||
+	       u->m.resend_read ||
+	       (!u->m.is_read && u->m.sent < u->m.npkts &&
+		u->m.sent - u->m.acked < WINDOW);
+}
+
+int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		  const struct ursa_req *r, uint64_t now,
+		  struct ursa_resp *resp, uint64_t *until)
+{
+	struct ursa_uqp *u = qp->udp;
+	bool rc = qp->ex.qp_base.qp_type == IBV_QPT_RC;
+	bool atomic = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		      r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	uint32_t src, dst;
+	int ret = 0;
+
+	memset(resp, 0, sizeof(*resp));
+	if (!u || U.fd < 0 || u->txfd < 0 || !gid_is_v4(&r->dgid) ||
+	    !gid_is_v4(&r->sgid)) {
+		/* no way out: an unanswered request */
+		resp->ack = URSA_DROPPED;
+		resp->why = URSA_WHY_UNREACHABLE;
+		resp->final = true;
+		return 1;
+	}
+	src = gid_v4(&r->sgid);
+	dst = gid_v4(&r->dgid);
+	pthread_mutex_lock(&u->lock);
+	if (!u->m.active || u->m.wqe != w) {
+		memset(&u->m, 0, sizeof(u->m));
+		u->m.active = true;
+		u->m.wqe = w;
+		u->m.op = r->opcode;
+		u->m.mtu = mtu_of(qp);
+		u->m.len = r->msg_len;
+		u->m.is_read = r->opcode == IBV_WR_RDMA_READ;
+		u->m.npkts = atomic ? 1 : (uint32_t)MAX(1, (r->msg_len + u->m.mtu - 1) / u->m.mtu);
+		u->m.first = u->next_psn;
+		u->next_psn = psn_add(u->next_psn, u->m.npkts);
+		if (u->m.is_read) {
+			u->m.ndst = MIN(r->ndst, (uint32_t)URSA_MAX_SGE);
+			memcpy(u->m.dst, r->dst, u->m.ndst * sizeof(*r->dst));
+		}
+		u->m.deadline = after(now, timeout_ns(qp));
+		u->m.rto = after(now, rto_ns(qp));
+		if (u->m.is_read || atomic) {
+			if (u->m.is_read) {
+				send_read_req(qp, u, r, src, dst);
+			} else {
+				send_atomic(qp, u, r, src, dst);
+				u->m.sent = u->m.npkts;
+			}
+		}
+	}
+	if (u->m.progress) {
+		/* IBTA 9.7.6.1.3: the retry count restarts with progress */
+		u->m.progress = false;
+		w->retry_left = qp->attr.retry_cnt;
+	}
+	if (u->m.done) {
+		resp->ack = URSA_ACK;
+		resp->atomic_orig = u->m.orig;
+		u->m.active = false;
+		ret = 1;
+		goto out;
+	}
+	if (u->m.nak) {
+		uint8_t syn = u->m.nak;
+		uint32_t idx = (u->m.nak_psn - u->m.first) & 0xffffff;
+
+		u->m.nak = 0;
+		atomic_fetch_add(&ursa_udp_cnt.naks_rcvd, 1);
+		if ((syn & AETH_TYPE_MASK) == AETH_RNR) {
+			/* resend from the refused packet after the timer */
+			if (idx < u->m.npkts && !u->m.is_read)
+				u->m.sent = u->m.acked = idx;
+			u->m.resend_read = u->m.is_read;
+			if (atomic)
+				u->m.sent = 0;
+			resp->ack = URSA_NAK_RNR;
+			resp->rnr_timer = syn & 0x1f;
+			resp->why = URSA_WHY_NO_RECV;
+			atomic_fetch_add(&ursa_udp_cnt.rnr_naks, 1);
+			ret = 1;
+			goto out;
+		}
+		if (syn == AETH_NAK_PSN) {
+			/* go back to the PSN the responder expects */
+			if (idx < u->m.npkts && idx >= u->m.acked) {
+				u->m.acked = idx;
+				u->m.sent = idx;
+			}
+			atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		} else {
+			resp->ack = syn == AETH_NAK_ACCESS ? URSA_NAK_ACCESS :
+				    syn == AETH_NAK_OP ? URSA_NAK_OP_ERR :
+							 URSA_NAK_INV_REQ;
+			resp->why = URSA_WHY_OPCODE;
+			if (syn == AETH_NAK_ACCESS)
+				resp->why = URSA_WHY_ACCESS;
+			u->m.active = false;
+			ret = 1;
+			goto out;
+		}
+	}
+	if (now >= u->m.deadline) {
+		/* IBTA 9.7.6.1.3: local ACK timeout */
+		if (!w->retry_left) {
+			resp->ack = URSA_DROPPED;
+			resp->why = URSA_WHY_NOT_READY;
+			resp->final = true;
+			u->m.active = false;
+			ret = 1;
+			goto out;
+		}
+		w->retry_left--;
+		atomic_fetch_add(&qp->cnt.retries, 1);
+		atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		/* go back: a READ asks again inside its piece */
+		if (u->m.is_read)
+			u->m.resend_read = true;
+		else
+			u->m.sent = u->m.acked;
+		if (atomic)
+			u->m.sent = 0;
+		u->m.deadline = after(now, timeout_ns(qp));
+		u->m.rto = after(now, rto_ns(qp));
+	} else if (now >= u->m.rto && rc) {
+		/* early go-back-N (see rto_ns) */
+		atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		if (u->m.is_read)
+			u->m.resend_read = true;
+		else
+			u->m.sent = u->m.acked;
+		if (atomic)
+			u->m.sent = 0;
+		u->m.rto = after(now, rto_ns(qp));
+	}
+	if (u->m.is_read && !u->m.resend_read && u->m.acked == u->m.sent &&
+	    u->m.acked < u->m.npkts)
+		u->m.resend_read = true;	/* the next piece */
+	if (u->m.resend_read) {
+		u->m.resend_read = false;
+		send_read_req(qp, u, r, src, dst);
+	} else if (atomic && u->m.sent == 0) {
+		send_atomic(qp, u, r, src, dst);
+		u->m.sent = 1;
+	}
+	while (!u->m.is_read && !atomic && u->m.sent < u->m.npkts &&
+	       u->m.sent - u->m.acked < WINDOW) {
+		send_data_pkt(qp, u, r, w, u->m.sent, src, dst);
+		u->m.sent++;
+	}
+	if (!rc && u->m.sent >= u->m.npkts) {
+		/* UC and UD: sent is done (nobody acknowledges) */
+		resp->ack = URSA_ACK;
+		u->m.active = false;
+		ret = 1;
+		goto out;
+	}
+	*until = MIN(u->m.deadline, u->m.rto);
+out:
+	w->inflight = ret == 0;
+	pthread_mutex_unlock(&u->lock);
+	return ret;
+}
+
+/* --- receive ------------------------------------------------------------------ */
+
+static bool can_receive(int st)
+{
+	return st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD ||
+	       st == IBV_QPS_SQE;
+}
+
+/* A response for our requester QP (RC): move the message forward. */
+static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
+			const struct roce_pkt *p)
+{
+	uint32_t idx;
+	uint32_t f = roce_opcode_flags(p->opcode);
+
+	if (!u->m.active) {
+		atomic_fetch_add(&ursa_udp_cnt.dup, 1);
+		return;
+	}
+	idx = (p->psn - u->m.first) & 0xffffff;
+	if (f & P_READ) {
+		uint64_t off = (uint64_t)idx * u->m.mtu;
+
+		if (!u->m.is_read || idx != u->m.acked || idx >= u->m.npkts) {
+			/* A gap in the responses: ask again from the first
+			 * missing packet, once per gap (as rxe's completer
+			 * does), rather than wait for the ACK timeout. */
+			atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+			if (u->m.is_read && idx > u->m.acked && idx < u->m.npkts &&
+			    u->m.rerequested != u->m.acked + 1) {
+				u->m.rerequested = u->m.acked + 1;
+				u->m.resend_read = true;
+				atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+			}
+			return;
+		}
+		/* bounded by what we asked for, into our own buffers */
+		if (off + p->paylen > u->m.len ||
+		    (idx + 1 < u->m.npkts && p->paylen != u->m.mtu)) {
+			atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
+			return;
+		}
+		if (p->paylen) {
+			struct ursa_sg s = { (uintptr_t)p->payload, p->paylen };
+
+			ursa_xfer(u->m.dst, u->m.ndst, false, &s, 1, false, 0,
+				  off, p->paylen);
+		}
+		u->m.acked = idx + 1;
+		u->m.progress = true;
+		u->m.deadline = after(ursa_now_ns(), timeout_ns(qp));
+		u->m.rto = after(ursa_now_ns(), rto_ns(qp));
+		if (u->m.acked == u->m.npkts)
+			u->m.done = true;
+		return;
+	}
+	if ((p->syndrome & AETH_TYPE_MASK) != AETH_ACK) {
+		u->m.nak = p->syndrome;
+		u->m.nak_psn = p->psn;
+		return;
+	}
+	if ((p->opcode & 0x1f) == OP_ATOMIC_ACK) {
+		if (idx == 0 && u->m.npkts == 1 && !u->m.is_read) {
+			u->m.orig = p->orig;
+			u->m.done = true;
+		}
+		return;
+	}
+	/* cumulative ACK of SEND/WRITE packets */
+	if (idx < u->m.npkts && !u->m.is_read &&
+	    u->m.op != IBV_WR_ATOMIC_CMP_AND_SWP &&
+	    u->m.op != IBV_WR_ATOMIC_FETCH_AND_ADD && idx + 1 > u->m.acked) {
+		u->m.acked = idx + 1;
+		u->m.progress = true;
+		u->m.deadline = after(ursa_now_ns(), timeout_ns(qp));
+		u->m.rto = after(ursa_now_ns(), rto_ns(qp));
+		if (u->m.acked == u->m.npkts)
+			u->m.done = true;
+	}
+}
+
+static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
+			const struct roce_pkt *p, struct ursa_req *r,
+			uint32_t me, uint32_t peer)
+{
+	uint32_t mtu = mtu_of(qp);
+	uint32_t n = (uint32_t)MAX(1, ((uint64_t)p->dmalen + mtu - 1) / mtu);
+	uint8_t data[4096], buf[MAX_PKT];
+
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t len = (uint32_t)MIN((uint64_t)mtu, p->dmalen - (uint64_t)k * mtu);
+		struct ursa_sg d = { (uintptr_t)data, len };
+		struct ursa_resp resp;
+		struct roce_pkt o = { 0 };
+		int b;
+
+		if (!p->dmalen)
+			len = 0;
+		r->opcode = IBV_WR_RDMA_READ;
+		r->rkey = p->rkey;
+		r->frag = URSA_FRAG_ONLY;
+		r->remote_addr = p->va + (uint64_t)k * mtu;
+		r->len = len;
+		r->msg_len = len;
+		r->dst = &d;
+		r->ndst = 1;
+		/* each packet re-checks the rkey (the MR may go meanwhile) */
+		ursa_resp_execute(qp, r, &resp, NULL);
+		if (resp.ack != URSA_ACK) {
+			if (resp.ack != URSA_DROPPED)
+				send_ack(qp, u, peer, me, OP_ACK,
+					 nak_syndrome(resp.ack, resp.rnr_timer),
+					 p->psn, 0);
+			return;
+		}
+		o.opcode = (uint8_t)(ROCE_RC | (n == 1 ? OP_READ_RESP_ONLY :
+					       k == 0 ? OP_READ_RESP_FIRST :
+					       k + 1 == n ? OP_READ_RESP_LAST :
+							    OP_READ_RESP_MIDDLE));
+		o.pkey = ROCE_DEFAULT_PKEY;
+		o.dqpn = qp->attr.dest_qp_num;
+		o.psn = psn_add(p->psn, k);
+		o.syndrome = AETH_ACK | AETH_CREDIT_INVALID;
+		o.msn = u->msn;
+		b = roce_build(buf, sizeof(buf), &o, data, len);
+		if (b > 0)
+			tx(u, me, peer, buf, (size_t)b, qp->attr.ah_attr.grh.hop_limit);
+	}
+}
+
+/* A request for our responder QP. Called with u->lock held. */
+static void on_request(struct ursa_qp *qp, struct ursa_uqp *u,
+		       const struct roce_pkt *p, uint32_t me, uint32_t peer)
+{
+	enum ibv_qp_type t = qp->ex.qp_base.qp_type;
+	uint32_t f = roce_opcode_flags(p->opcode);
+	uint8_t op = p->opcode & 0x1f;
+	struct ursa_req r = { 0 };
+	struct ursa_resp resp;
+	struct ursa_sg s = { (uintptr_t)p->payload, p->paylen };
+	bool rc = t == IBV_QPT_RC;
+
+	if (rc) {
+		int32_t d = psn_cmp(p->psn, u->epsn);
+
+		if (d > 0) {
+			/* a gap: one NAK per gap (IBTA 9.7.5.1.1) */
+			atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+			if (!u->nak_sent) {
+				u->nak_sent = true;
+				send_ack(qp, u, peer, me, OP_ACK, AETH_NAK_PSN, u->epsn, 0);
+			}
+			return;
+		}
+		if (d < 0) {
+			/* duplicate (IBTA 9.7.5.1.3) */
+			atomic_fetch_add(&ursa_udp_cnt.dup, 1);
+			if (f & P_ATOMIC) {
+				for (unsigned i = 0; i < ARES; i++)
+					if (u->ares[i].valid && u->ares[i].psn == p->psn)
+						send_ack(qp, u, peer, me, OP_ATOMIC_ACK,
+							 AETH_ACK | AETH_CREDIT_INVALID,
+							 p->psn, u->ares[i].orig);
+				return;
+			}
+			if (f & P_READ)
+				goto execute;	/* re-executed */
+			if (p->ackreq)
+				send_ack(qp, u, peer, me, OP_ACK,
+					 AETH_ACK | AETH_CREDIT_INVALID,
+					 psn_add(u->epsn, 0xffffff), 0);
+			return;
+		}
+		u->nak_sent = false;
+	} else if (t == IBV_QPT_UC) {
+		/* UC: a FIRST/ONLY starts over; after a gap the rest of the
+		 * message is dropped (IBTA 9.8.3) */
+		if (f & P_FIRST) {
+			u->uc_broken = false;
+		} else if (p->psn != u->epsn || u->uc_broken) {
+			u->uc_broken = true;
+			ursa_rstate_drop(&u->rs);
+			atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+			u->epsn = psn_add(p->psn, 1);
+			return;
+		}
+	}
+execute:
+	r.type = t;
+	r.src_qpn = t == IBV_QPT_UD ? p->sqpn : qp->attr.dest_qp_num;
+	r.qkey = p->qkey;
+	r.sgid.raw[10] = r.sgid.raw[11] = 0xff;
+	memcpy(r.sgid.raw + 12, &peer, 4);
+	r.dgid.raw[10] = r.dgid.raw[11] = 0xff;
+	memcpy(r.dgid.raw + 12, &me, 4);
+	r.hop_limit = 64;
+	r.solicited = p->se;
+	r.src = &s;
+	r.nsrc = 1;
+	r.frag = ((f & P_FIRST) ? URSA_FRAG_FIRST : 0) | ((f & P_LAST) ? URSA_FRAG_LAST : 0);
+	if (f & P_READ) {
+		on_read_req(qp, u, p, &r, me, peer);
+		if (psn_cmp(p->psn, u->epsn) >= 0) {
+			uint32_t mtu = mtu_of(qp);
+
+			u->epsn = psn_add(p->psn, (uint32_t)MAX(1, ((uint64_t)p->dmalen + mtu - 1) / mtu));
+			u->msn++;
+		}
+		return;
+	}
+	if (f & P_ATOMIC) {
+		r.opcode = op == OP_CMP_SWAP ? IBV_WR_ATOMIC_CMP_AND_SWP :
+					       IBV_WR_ATOMIC_FETCH_AND_ADD;
+		r.frag = URSA_FRAG_ONLY;
+		r.remote_addr = p->va;
+		r.rkey = p->rkey;
+		r.len = r.msg_len = 8;
+		r.compare_add = op == OP_CMP_SWAP ? p->compare : p->swap_add;
+		r.swap = p->swap_add;
+		r.nsrc = 0;
+		ursa_resp_execute(qp, &r, &resp, NULL);
+		if (resp.ack == URSA_ACK) {
+			u->ares[u->ares_next % ARES].psn = p->psn;
+			u->ares[u->ares_next % ARES].orig = resp.atomic_orig;
+			u->ares[u->ares_next % ARES].valid = true;
+			u->ares_next++;
+			u->epsn = psn_add(p->psn, 1);
+			u->msn++;
+			send_ack(qp, u, peer, me, OP_ATOMIC_ACK,
+				 AETH_ACK | AETH_CREDIT_INVALID, p->psn,
+				 resp.atomic_orig);
+		} else if (resp.ack != URSA_DROPPED) {
+			send_ack(qp, u, peer, me, OP_ACK,
+				 nak_syndrome(resp.ack, resp.rnr_timer), p->psn, 0);
+		}
+		return;
+	}
+	if (f & P_WRITE) {
+		if (f & P_FIRST) {
+			u->wva = p->va;
+			u->wrkey = p->rkey;
+			u->wlen = p->dmalen;
+			u->woff = 0;
+		}
+		if (u->woff + p->paylen > u->wlen) {
+			/* more data than the RETH announced */
+			resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+			resp.rnr_timer = 0;
+			goto answer;
+		}
+		r.opcode = (op == OP_WRITE_LAST_IMM || op == OP_WRITE_ONLY_IMM) ?
+			   IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+		r.has_imm = r.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+		r.imm = p->imm;
+		r.remote_addr = u->wva + u->woff;
+		r.rkey = u->wrkey;
+		r.len = p->paylen;
+		r.offset = u->woff;
+		r.msg_len = u->wlen;
+		ursa_resp_execute(qp, &r, &resp, NULL);
+		if (resp.ack == URSA_ACK)
+			u->woff += p->paylen;
+	} else {
+		/* SEND family; UD messages are single packets */
+		if (f & P_FIRST)
+			u->soff = 0;
+		r.opcode = (op == OP_SEND_LAST_IMM || op == OP_SEND_ONLY_IMM) ?
+			   IBV_WR_SEND_WITH_IMM :
+			   (op == OP_SEND_LAST_INV || op == OP_SEND_ONLY_INV) ?
+			   IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
+		r.has_imm = r.opcode == IBV_WR_SEND_WITH_IMM;
+		r.invalidate = r.opcode == IBV_WR_SEND_WITH_INV;
+		r.imm = p->imm;
+		r.len = p->paylen;
+		r.offset = u->soff;
+		r.msg_len = (f & P_FIRST) && (f & P_LAST) ? p->paylen : 0;
+		ursa_resp_execute(qp, &r, &resp, &u->rs);
+		if (resp.ack == URSA_ACK)
+			u->soff += p->paylen;
+	}
+answer:
+	if (!rc) {
+		if (resp.ack == URSA_ACK)
+			u->epsn = psn_add(p->psn, 1);
+		return;
+	}
+	if (resp.ack == URSA_ACK) {
+		u->epsn = psn_add(p->psn, 1);
+		if (f & P_LAST)
+			u->msn++;
+		if (p->ackreq)
+			send_ack(qp, u, peer, me, OP_ACK,
+				 AETH_ACK | AETH_CREDIT_INVALID, p->psn, 0);
+	} else if (resp.ack != URSA_DROPPED) {
+		send_ack(qp, u, peer, me, OP_ACK,
+			 nak_syndrome(resp.ack, resp.rnr_timer), p->psn, 0);
+	}
+}
+
+static void on_packet(uint8_t *buf, size_t len, uint32_t src, uint16_t sport,
+		      uint32_t dst)
+{
+	struct roce_pkt p;
+	uint8_t ip[20], udp[8];
+	union ibv_gid dgid = { .raw = { [10] = 0xff, [11] = 0xff } };
+	struct ursa_qp *qp;
+	struct ursa_uqp *u;
+	uint32_t f;
+	enum ibv_qp_type t;
+
+	atomic_fetch_add(&ursa_udp_cnt.rx_pkts, 1);
+	atomic_fetch_add(&ursa_udp_cnt.rx_bytes, len);
+	capture(src, dst, sport, U.port, buf, len);
+	if (len < ROCE_BTH_LEN + ROCE_ICRC_LEN) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
+		return;
+	}
+	/* The ICRC first: a damaged packet tells nothing trustworthy. */
+	ip_udp(ip, udp, src, dst, sport, U.port, len, 0);
+	if (roce_icrc(ip, 20, udp, buf, len - 4) != roce_icrc_get(buf + len - 4)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_icrc, 1);
+		return;
+	}
+	if (roce_parse(buf, len, &p)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_opcode, 1);
+		return;
+	}
+	memcpy(dgid.raw + 12, &dst, 4);
+	qp = ursa_loop_get(&dgid, p.dqpn);
+	if (!qp) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_qpn, 1);
+		return;
+	}
+	u = qp->udp;
+	t = qp->ex.qp_base.qp_type;
+	f = roce_opcode_flags(p.opcode);
+	if (!u || (p.opcode & 0xe0) != (t == IBV_QPT_RC ? ROCE_RC :
+					t == IBV_QPT_UC ? ROCE_UC : ROCE_UD)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_opcode, 1);
+		goto out;
+	}
+	/* Connected QPs accept packets only from their peer's address. */
+	if (t != IBV_QPT_UD &&
+	    (!gid_is_v4(&qp->attr.ah_attr.grh.dgid) ||
+	     gid_v4(&qp->attr.ah_attr.grh.dgid) != src)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_src, 1);
+		goto out;
+	}
+	pthread_mutex_lock(&u->lock);
+	if (f & P_RESP) {
+		int st = qp_state(qp);
+
+		if (st == IBV_QPS_RTS || st == IBV_QPS_SQD) {
+			on_response(qp, u, &p);
+			if (qp->ctx->eng)
+				ursa_engine_kick(qp->ctx->eng);
+		} else {
+			atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
+		}
+	} else if (!can_receive(qp_state(qp))) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
+	} else {
+		on_request(qp, u, &p, dst, src);
+	}
+	pthread_mutex_unlock(&u->lock);
+out:
+	ursa_loop_put(qp);
+}
+
+int ursa_udp_poll(void)
+{
+	enum { BATCH = 32 };
+	static uint8_t bufs[BATCH][MAX_PKT + 64];
+	static struct sockaddr_in from[BATCH];
+	static char cbuf[BATCH][CMSG_SPACE(sizeof(struct in_pktinfo))];
+	struct mmsghdr mm[BATCH];
+	struct iovec iov[BATCH];
+	int n, total = 0;
+
+	if (U.fd < 0 || pthread_mutex_trylock(&U.rx))
+		return 0;
+	for (;;) {
+		for (int i = 0; i < BATCH; i++) {
+			iov[i].iov_base = bufs[i];
+			iov[i].iov_len = sizeof(bufs[i]);
+			memset(&mm[i].msg_hdr, 0, sizeof(mm[i].msg_hdr));
+			mm[i].msg_hdr.msg_iov = &iov[i];
+			mm[i].msg_hdr.msg_iovlen = 1;
+			mm[i].msg_hdr.msg_name = &from[i];
+			mm[i].msg_hdr.msg_namelen = sizeof(from[i]);
+			mm[i].msg_hdr.msg_control = cbuf[i];
+			mm[i].msg_hdr.msg_controllen = sizeof(cbuf[i]);
+		}
+		n = recvmmsg(U.fd, mm, BATCH, MSG_DONTWAIT, NULL);
+		if (n <= 0)
+			break;
+		for (int i = 0; i < n; i++) {
+			uint32_t dst = 0;
+
+			for (struct cmsghdr *c = CMSG_FIRSTHDR(&mm[i].msg_hdr); c;
+			     c = CMSG_NXTHDR(&mm[i].msg_hdr, c))
+				if (c->cmsg_level == IPPROTO_IP &&
+				    c->cmsg_type == IP_PKTINFO) {
+					struct in_pktinfo pi;
+
+					memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+					dst = pi.ipi_addr.s_addr;
+				}
+			if ((mm[i].msg_hdr.msg_flags & MSG_TRUNC) || !dst) {
+				atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
+				continue;
+			}
+			on_packet(bufs[i], mm[i].msg_len, from[i].sin_addr.s_addr,
+				  ntohs(from[i].sin_port), dst);
+		}
+		total += n;
+		if (n < BATCH)
+			break;
+	}
+	pthread_mutex_unlock(&U.rx);
+	return total;
+}

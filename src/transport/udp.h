@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * udp.h - RoCEv2 between hosts: InfiniBand transport packets in UDP
+ * datagrams to port 4791, with a correct ICRC.
+ *
+ * One UDP socket per process receives on the RoCEv2 port (URSA_UDP_PORT,
+ * default 4791) of its network namespace; every QP sends from a socket of
+ * its own, bound to a per-QP source port in 0xC000-0xFFFF (flow entropy, as
+ * rxe). Datagrams are sent from an unconnected socket with DF set, so Linux
+ * gives them IP ID 0: the ICRC, which covers the IPv4 ID, is computed over
+ * the exact IP and UDP headers the kernel will send, without raw sockets.
+ * Received packets have their ICRC checked the same way.
+ *
+ * Reliability (RC, IBTA 9.7): PSNs per packet, AckReq on the last packet of
+ * a message and every 16 packets, cumulative ACKs, one PSN-sequence NAK per
+ * gap and go-back-N from the NAKed PSN, duplicate handling (SEND/WRITE
+ * acknowledged not applied, READ re-executed, atomic answered from the saved
+ * value), local ACK timeout with retry_cnt, RNR NAK with rnr_retry.
+ */
+#ifndef URSA_UDP_H
+#define URSA_UDP_H
+
+#include "../engine/engine.h"
+
+struct ursa_uqp;
+
+/* Device-wide: open the RoCEv2 socket (first context). 0 or -errno. */
+int ursa_udp_start(struct ursa_ctx *ctx);
+void ursa_udp_ctx_gone(struct ursa_ctx *ctx);
+/* Receive and process what is waiting; returns packets handled. */
+int ursa_udp_poll(void);
+int ursa_udp_fd(void);
+
+int ursa_uqp_init(struct ursa_qp *qp);
+void ursa_uqp_fini(struct ursa_qp *qp);
+/* modify_qp hooks: new sq_psn / rq_psn / path. */
+void ursa_uqp_modified(struct ursa_qp *qp, int mask);
+
+/* Requester step for a WQE whose target is another host (same contract as
+ * ursa_shm_step). */
+int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		  const struct ursa_req *r, uint64_t now,
+		  struct ursa_resp *resp, uint64_t *until);
+bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
+/* Release what an unfinished message holds (QP reset, flush). */
+void ursa_udp_abort(struct ursa_qp *qp);
+
+struct ursa_udp_counters {
+	atomic_uint_fast64_t tx_pkts, rx_pkts, tx_bytes, rx_bytes;
+	atomic_uint_fast64_t retransmits, naks_sent, naks_rcvd, rnr_naks;
+	atomic_uint_fast64_t drop_short, drop_opcode, drop_icrc, drop_qpn,
+		drop_src, drop_psn, drop_state, dup;
+	atomic_uint_fast64_t fault_lost, fault_dup, fault_corrupt,
+		fault_reorder;
+};
+extern struct ursa_udp_counters ursa_udp_cnt;
+
+#endif

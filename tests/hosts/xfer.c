@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: MIT
+/*
+ * xfer.c - a cross-host transfer checker, run as two processes on two
+ * "hosts" (network namespaces) by tests/scripts/hosts.sh.
+ *
+ *   xfer server PORT
+ *   xfer client SERVER_IP PORT MIB [--cut-check]
+ *
+ * The two exchange (QPN, GID, address, rkey) over TCP, connect an RC QP
+ * pair, and the client then moves MIB MiB of pseudo-random data three ways:
+ * RDMA WRITE into the server's memory, RDMA READ back, and SEND into
+ * receives the server posts. Every byte is checked with a checksum
+ * computed independently on each side. It prints one "ok" line per
+ * operation and exits 0 only if all data arrived exactly once, in order,
+ * byte for byte.
+ *
+ * --cut-check: after connecting, wait for the link to be cut (the script
+ * removes the route), then post a WRITE and report the completion status
+ * and how long it took (RETRY_EXC_ERR is expected).
+ */
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ursa/ursa.h>
+
+#define CHUNK (1u << 20)
+
+struct info {
+	uint32_t qpn, rkey;
+	uint64_t addr, len;
+	union ibv_gid gid;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static uint64_t fnv(const uint8_t *p, size_t n, uint64_t h)
+{
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ p[i]) * 1099511628211ull;
+	return h;
+}
+
+static void xio(int fd, void *p, size_t n, int out)
+{
+	size_t d = 0;
+
+	while (d < n) {
+		ssize_t r = out ? write(fd, (char *)p + d, n - d) :
+				  read(fd, (char *)p + d, n - d);
+
+		if (r <= 0) {
+			fprintf(stderr, "xfer: control connection lost\n");
+			exit(3);
+		}
+		d += (size_t)r;
+	}
+}
+
+struct ep {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	uint8_t *buf;
+	size_t len;
+	int gid_index;
+};
+
+static void die(const char *what)
+{
+	fprintf(stderr, "xfer: %s failed\n", what);
+	exit(2);
+}
+
+static void ep_open(struct ep *e, size_t len, const char *ip)
+{
+	struct ibv_device **l = ibv_get_device_list(NULL);
+	struct ibv_qp_init_attr ia = { 0 };
+	struct ibv_port_attr pa;
+	struct in_addr want;
+
+	memset(e, 0, sizeof(*e));
+	if (!l || !l[0] || !(e->ctx = ibv_open_device(l[0])))
+		die("open device");
+	ibv_free_device_list(l);
+	/* the GID of our address on this host */
+	inet_pton(AF_INET, ip, &want);
+	ibv_query_port(e->ctx, 1, &pa);
+	e->gid_index = -1;
+	for (int i = 0; i < pa.gid_tbl_len; i++) {
+		union ibv_gid g;
+
+		if (!ibv_query_gid(e->ctx, 1, i, &g) && !memcmp(g.raw + 12, &want, 4) &&
+		    g.raw[10] == 0xff)
+			e->gid_index = i;
+	}
+	if (e->gid_index < 0)
+		die("finding the GID of our address");
+	e->pd = ibv_alloc_pd(e->ctx);
+	e->cq = ibv_create_cq(e->ctx, 1024, NULL, NULL, 0);
+	e->len = len;
+	e->buf = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (!e->pd || !e->cq || e->buf == MAP_FAILED)
+		die("resources");
+	memset(e->buf, 0, len);
+	e->mr = ibv_reg_mr(e->pd, e->buf, len, IBV_ACCESS_LOCAL_WRITE |
+			   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	ia.send_cq = ia.recv_cq = e->cq;
+	ia.qp_type = IBV_QPT_RC;
+	ia.cap.max_send_wr = ia.cap.max_recv_wr = 512;
+	ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+	e->qp = ibv_create_qp(e->pd, &ia);
+	if (!e->mr || !e->qp)
+		die("MR/QP");
+}
+
+static void ep_connect(struct ep *e, const struct info *peer, int timeout,
+		       int retry)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
+
+	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+			  IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		die("INIT");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = peer->qpn;
+	a.rq_psn = 0xfffff0;	/* start near the 24-bit wrap on purpose */
+	a.max_dest_rd_atomic = 16;
+	a.min_rnr_timer = 1;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.port_num = 1;
+	a.ah_attr.grh.dgid = peer->gid;
+	a.ah_attr.grh.sgid_index = (uint8_t)e->gid_index;
+	a.ah_attr.grh.hop_limit = 64;
+	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+			  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+			  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		die("RTR");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 0xfffff0;
+	a.timeout = (uint8_t)timeout;
+	a.retry_cnt = (uint8_t)retry;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 16;
+	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+			  IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+			  IBV_QP_MAX_QP_RD_ATOMIC))
+		die("RTS");
+}
+
+static void info_of(struct ep *e, struct info *x)
+{
+	x->qpn = e->qp->qp_num;
+	x->rkey = e->mr->rkey;
+	x->addr = (uintptr_t)e->buf;
+	x->len = e->len;
+	ibv_query_gid(e->ctx, 1, e->gid_index, &x->gid);
+}
+
+static struct ibv_wc wait1(struct ep *e)
+{
+	struct ibv_wc wc;
+	double t0 = now_s();
+
+	while (ibv_poll_cq(e->cq, 1, &wc) == 0)
+		if (now_s() - t0 > 120)
+			die("waiting for a completion (120 s)");
+	return wc;
+}
+
+static void post(struct ep *e, enum ibv_wr_opcode op, uint64_t off,
+		 uint32_t len, uint64_t raddr, uint32_t rkey, uint64_t id)
+{
+	struct ibv_sge s = { (uintptr_t)e->buf + off, len, e->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &s, .num_sge = 1,
+				  .opcode = op, .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad;
+
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	if (ibv_post_send(e->qp, &wr, &bad))
+		die("post_send");
+}
+
+static int server(int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1, c;
+	struct info me, peer;
+	struct ep e;
+	uint64_t cmd, sum;
+	char myip[64];
+	struct sockaddr_in la;
+	socklen_t ll = sizeof(la);
+
+	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(ls, (struct sockaddr *)&sa, sizeof(sa)) || listen(ls, 1))
+		die("listen");
+	c = accept(ls, NULL, NULL);
+	if (c < 0)
+		die("accept");
+	getsockname(c, (struct sockaddr *)&la, &ll);
+	inet_ntop(AF_INET, &la.sin_addr, myip, sizeof(myip));
+	xio(c, &peer, sizeof(peer), 0);
+	ep_open(&e, peer.len, myip);
+	info_of(&e, &me);
+	xio(c, &me, sizeof(me), 1);
+	ep_connect(&e, &peer, 14, 7);
+	xio(c, &cmd, sizeof(cmd), 1);	/* ready */
+	/* commands: 1 = checksum my buffer, 2 = receive N MiB by SEND */
+	while (read(c, &cmd, sizeof(cmd)) == sizeof(cmd)) {
+		if (cmd == 1) {
+			sum = fnv(e.buf, e.len, 1469598103934665603ull);
+			xio(c, &sum, sizeof(sum), 1);
+		} else if (cmd == 2) {
+			uint64_t n = e.len / CHUNK, got = 0;
+
+			memset(e.buf, 0, e.len);
+			for (uint64_t i = 0; i < n && i < 400; i++) {
+				struct ibv_sge s = { (uintptr_t)e.buf + i * CHUNK, CHUNK, e.mr->lkey };
+				struct ibv_recv_wr w = { .wr_id = i, .sg_list = &s, .num_sge = 1 }, *b;
+
+				if (ibv_post_recv(e.qp, &w, &b))
+					die("post_recv");
+			}
+			sum = 0;
+			xio(c, &sum, sizeof(sum), 1); /* receives posted */
+			for (uint64_t i = 0; i < n; i++) {
+				struct ibv_wc wc = wait1(&e);
+
+				if (wc.status || wc.opcode != IBV_WC_RECV || wc.byte_len != CHUNK ||
+				    wc.wr_id != i) {
+					fprintf(stderr, "xfer: receive %" PRIu64 ": %s, %u bytes, wr_id %" PRIu64 "\n",
+						i, ibv_wc_status_str(wc.status), wc.byte_len, wc.wr_id);
+					break;
+				}
+				got++;
+				if (i + 400 < n) {
+					struct ibv_sge s = { (uintptr_t)e.buf + (i + 400) * CHUNK, CHUNK, e.mr->lkey };
+					struct ibv_recv_wr w = { .wr_id = i + 400, .sg_list = &s, .num_sge = 1 }, *b;
+
+					if (ibv_post_recv(e.qp, &w, &b))
+						die("post_recv");
+				}
+			}
+			sum = got == n ? fnv(e.buf, e.len, 1469598103934665603ull) : 0;
+			xio(c, &sum, sizeof(sum), 1);
+		} else {
+			break;
+		}
+	}
+	return 0;
+}
+
+static void print_counters(void)
+{
+	struct ursa_udp_stats st;
+
+	if (ursa_udp_stats(&st) == 0)
+		printf("counters: tx %" PRIu64 " rx %" PRIu64 " packets, retransmits %" PRIu64
+		       ", NAKs sent %" PRIu64 " received %" PRIu64 ", drops: ICRC %" PRIu64
+		       " PSN %" PRIu64 " duplicate %" PRIu64 ", injected: lost %" PRIu64
+		       " duplicated %" PRIu64 " reordered %" PRIu64 " corrupted %" PRIu64 "\n",
+		       st.tx_pkts, st.rx_pkts, st.retransmits, st.naks_sent,
+		       st.naks_rcvd, st.drop_icrc, st.drop_psn, st.dup,
+		       st.fault_lost, st.fault_dup, st.fault_reorder, st.fault_corrupt);
+}
+
+static int client(const char *host, int port, size_t mib, int cut_check)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int s = socket(AF_INET, SOCK_STREAM, 0), bad = 0;
+	struct info me, peer;
+	struct ep e;
+	uint64_t cmd, want, got, seed = 0x1234567;
+	size_t len = mib << 20;
+	uint8_t *copy;
+	struct sockaddr_in la;
+	socklen_t ll = sizeof(la);
+	char myip[64];
+	double t0;
+
+	inet_pton(AF_INET, host, &sa.sin_addr);
+	for (int i = 0; connect(s, (struct sockaddr *)&sa, sizeof(sa)); i++) {
+		if (i > 100)
+			die("connect");
+		usleep(50000);
+		close(s);
+		s = socket(AF_INET, SOCK_STREAM, 0);
+	}
+	getsockname(s, (struct sockaddr *)&la, &ll);
+	inet_ntop(AF_INET, &la.sin_addr, myip, sizeof(myip));
+	ep_open(&e, 2 * len, myip);
+	info_of(&e, &me);
+	me.len = len;
+	xio(s, &me, sizeof(me), 1);
+	xio(s, &peer, sizeof(peer), 0);
+	ep_connect(&e, &peer, cut_check ? 10 : 14, cut_check ? 3 : 7);
+	xio(s, &cmd, sizeof(cmd), 0);
+	for (size_t i = 0; i < len; i += 8) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		memcpy(e.buf + i, &seed, 8);
+	}
+	want = fnv(e.buf, len, 1469598103934665603ull);
+
+	if (cut_check) {
+		struct ibv_wc wc;
+
+		post(&e, IBV_WR_RDMA_WRITE, 0, 4096, peer.addr, peer.rkey, 1);
+		wc = wait1(&e);
+		printf("before cut: %s\n", ibv_wc_status_str(wc.status));
+		fflush(stdout);
+		/* the script cuts the link when it sees the line above */
+		sleep(2);
+		t0 = now_s();
+		post(&e, IBV_WR_RDMA_WRITE, 0, 4096, peer.addr, peer.rkey, 2);
+		wc = wait1(&e);
+		printf("after cut: %s (%d) in %.3f s\n", ibv_wc_status_str(wc.status),
+		       wc.status, now_s() - t0);
+		print_counters();
+		return wc.status == IBV_WC_RETRY_EXC_ERR ? 0 : 1;
+	}
+
+	/* 1. WRITE everything, chunk by chunk */
+	t0 = now_s();
+	for (size_t off = 0, id = 0; off < len; off += CHUNK, id++) {
+		post(&e, IBV_WR_RDMA_WRITE, off, CHUNK, peer.addr + off, peer.rkey, id);
+		struct ibv_wc wc = wait1(&e);
+
+		if (wc.status) {
+			printf("FAIL write at %zu: %s\n", off, ibv_wc_status_str(wc.status));
+			return 1;
+		}
+	}
+	cmd = 1;
+	xio(s, &cmd, sizeof(cmd), 1);
+	xio(s, &got, sizeof(got), 0);
+	printf("%s write %zu MiB: %.1f MB/s\n", got == want ? "ok" : "FAIL", mib,
+	       len / (now_s() - t0) / 1e6);
+	bad |= got != want;
+	/* 2. READ it back into the second half */
+	t0 = now_s();
+	for (size_t off = 0, id = 0; off < len; off += CHUNK, id++) {
+		post(&e, IBV_WR_RDMA_READ, len + off, CHUNK, peer.addr + off, peer.rkey, id);
+		struct ibv_wc wc = wait1(&e);
+
+		if (wc.status) {
+			printf("FAIL read at %zu: %s\n", off, ibv_wc_status_str(wc.status));
+			return 1;
+		}
+	}
+	copy = e.buf + len;
+	got = fnv(copy, len, 1469598103934665603ull);
+	printf("%s read %zu MiB: %.1f MB/s\n", got == want ? "ok" : "FAIL", mib,
+	       len / (now_s() - t0) / 1e6);
+	bad |= got != want;
+	/* 3. SEND it into posted receives */
+	cmd = 2;
+	xio(s, &cmd, sizeof(cmd), 1);
+	xio(s, &got, sizeof(got), 0);
+	t0 = now_s();
+	for (size_t off = 0, id = 0; off < len; off += CHUNK, id++) {
+		post(&e, IBV_WR_SEND, off, CHUNK, 0, 0, id);
+		struct ibv_wc wc = wait1(&e);
+
+		if (wc.status) {
+			printf("FAIL send at %zu: %s\n", off, ibv_wc_status_str(wc.status));
+			return 1;
+		}
+	}
+	xio(s, &got, sizeof(got), 0);
+	printf("%s send %zu MiB: %.1f MB/s\n", got == want ? "ok" : "FAIL", mib,
+	       len / (now_s() - t0) / 1e6);
+	bad |= got != want;
+	print_counters();
+	cmd = 9;
+	xio(s, &cmd, sizeof(cmd), 1);
+	return bad;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 3 && !strcmp(argv[1], "server"))
+		return server(atoi(argv[2]));
+	if (argc >= 5 && !strcmp(argv[1], "client"))
+		return client(argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 0),
+			      argc > 5 && !strcmp(argv[5], "--cut-check"));
+	fprintf(stderr, "usage: xfer server PORT | xfer client IP PORT MIB [--cut-check]\n");
+	return 2;
+}
