@@ -6,7 +6,7 @@
 set -e
 need="gcc make libc6-dev libibverbs-dev"
 if [ "$1" = test ]; then
-	need="$need ibverbs-utils perftest binutils iproute2 procps"
+	need="$need ibverbs-utils perftest binutils iproute2 procps iptables tshark"
 fi
 missing=""
 for p in $need; do

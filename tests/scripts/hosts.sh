@@ -1,0 +1,120 @@
+#!/bin/sh
+# hosts.sh - RoCEv2 between two hosts made of network namespaces joined by
+# veth pairs through a router namespace (created here, removed on exit).
+# Needs root (CI runs as root); skips otherwise.
+# Prints "N passed, N failed, N skipped".
+BUILD=${BUILD:-build}
+LIB="$(cd "$BUILD/lib" && pwd)"
+XFER="$(cd "$BUILD/tests" && pwd)/xfer"
+MIB=${URSA_HOSTS_MIB:-256}
+pass=0; fail=0; skip=0
+tmp=$(mktemp -d)
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+skp() { echo "skip $1: $2"; skip=$((skip + 1)); }
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add ursa_probe_$$ 2>/dev/null; then
+	skp hosts "needs root and network namespaces"
+	echo "$pass passed, $fail failed, $skip skipped"; exit 0
+fi
+ip netns del ursa_probe_$$
+. "$(dirname "$0")/netns.inc"
+trap 'netns_down; rm -rf "$tmp"' EXIT
+netns_up || { bad netns "could not build the namespaces"; echo "$pass passed, $fail failed, $skip skipped"; exit 1; }
+asan=$(ldd "$LIB/libibverbs.so.1" 2>/dev/null | awk '/libasan/ {print $3}')
+RUN="env LD_LIBRARY_PATH=$LIB ${asan:+LD_PRELOAD=$asan ASAN_OPTIONS=detect_leaks=0}"
+
+# pair NAME TIMEOUT SERVER_ARGS -- CLIENT_ARGS : server in h1, client in h2
+pair() {
+	to=$1; shift
+	ip netns exec $H1 $RUN ${SRV_ENV:-} timeout "$to" "$@" >"$tmp/s" 2>&1 &
+	spid=$!
+	sleep 0.5
+	ip netns exec $H2 $RUN ${CLI_ENV:-} timeout "$to" "$@" $IP1 >"$tmp/c" 2>&1
+	crc=$?
+	wait $spid; src=$?
+}
+
+# 1. unmodified programs between the hosts
+for cmd in "ibv_rc_pingpong -g 0 -c -n 300" "ibv_uc_pingpong -g 0 -n 300" \
+	   "ibv_ud_pingpong -g 0 -s 512 -n 300"; do
+	command -v ${cmd%% *} >/dev/null || { skp "$cmd" "not installed"; continue; }
+	pair 60 $cmd
+	if [ $crc = 0 ] && [ $src = 0 ] && grep -q "300 iters in" "$tmp/c"; then ok "$cmd"
+	else bad "$cmd" "client $crc server $src: $(tail -2 "$tmp/c" | tr '\n' ' ')"; fi
+done
+for cmd in "ib_write_bw -F -n 300" "ib_read_bw -F -n 300" "ib_send_bw -F -n 300" \
+	   "ib_write_lat -F -n 300" "ib_read_lat -F -n 300" "ib_atomic_lat -F -n 300" \
+	   "ib_send_lat -F -n 300 -c UD" "ib_write_bw -F -n 300 -c UC"; do
+	command -v ${cmd%% *} >/dev/null || { skp "$cmd" "perftest not installed"; continue; }
+	pair 60 $cmd
+	if [ $crc = 0 ] && [ $src = 0 ] &&
+	   awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+/ {for (i = 3; i <= NF; i++) if ($i + 0 > 0) g++} END {exit !g}' "$tmp/c"; then
+		ok "$cmd"
+	else bad "$cmd" "client $crc server $src"; fi
+done
+
+# 2. large transfers, exactly once and byte exact, under injected faults
+xfer_pair() {
+	name=$1; shift
+	ip netns exec $H1 $RUN ${SRV_ENV:-} timeout 600 "$XFER" server 7100 >"$tmp/s" 2>&1 &
+	spid=$!
+	ip netns exec $H2 $RUN ${CLI_ENV:-} timeout 600 "$XFER" client $IP1 7100 "$@" >"$tmp/c" 2>&1
+	crc=$?
+	wait $spid
+	cat "$tmp/c" | sed 's/^/    /'
+	if [ $crc = 0 ] && [ "$(grep -c '^ok ' "$tmp/c")" -ge 3 ]; then ok "$name"
+	else bad "$name" "exit $crc"; fi
+}
+F="loss=5,dup=1,reorder=1,corrupt=1"
+SRV_ENV="URSA_FAULT=$F,seed=11" CLI_ENV="URSA_FAULT=$F,seed=12" \
+	xfer_pair "RC $MIB MiB WRITE/READ/SEND under 5% loss, 1% dup, reorder, corruption" "$MIB"
+
+# 3. loss made outside ursa, on the router (iptables statistic match)
+if ip netns exec $R iptables -A FORWARD -p udp --dport 4791 -m statistic \
+	--mode random --probability 0.05 -j DROP 2>/dev/null; then
+	SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 4)) MiB under 5% loss on the router" "$((MIB / 4))"
+	ip netns exec $R iptables -F FORWARD
+else
+	skp "router loss" "iptables not available"
+fi
+
+# 4. a cut link ends in RETRY_EXC_ERR within the bound of timeout 10
+#    (4.2 ms) and retry_cnt 3: about 17 ms, allow scheduling slack
+ip netns exec $H1 $RUN timeout 60 "$XFER" server 7200 >"$tmp/s" 2>&1 &
+spid=$!
+ip netns exec $H2 $RUN timeout 60 "$XFER" client $IP1 7200 1 --cut-check >"$tmp/c" 2>&1 &
+cpid=$!
+for i in $(seq 1 100); do grep -q "before cut" "$tmp/c" && break; sleep 0.1; done
+ip -n $R link set v1r down
+wait $cpid; crc=$?
+kill $spid 2>/dev/null; wait $spid 2>/dev/null
+ip -n $R link set v1r up
+secs=$(sed -n 's/.*in \([0-9.]*\) s$/\1/p' "$tmp/c")
+if [ $crc = 0 ] && grep -q "after cut: transport retry counter exceeded" "$tmp/c" &&
+   awk -v s="$secs" 'BEGIN {exit !(s != "" && s >= 0.015 && s < 1.0)}'; then
+	ok "cut link: RETRY_EXC_ERR after $secs s"
+else
+	bad "cut link" "$(cat "$tmp/c" | tr '\n' ' ')"
+fi
+
+# 5. the capture decodes as InfiniBand with no malformed frame
+if command -v tshark >/dev/null; then
+	CLI_ENV="URSA_PCAP=$tmp/cap.pcap" SRV_ENV= xfer_pair "traffic for the capture" 2
+	n=$(tshark -r "$tmp/cap.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma \
+		-Y infiniband 2>/dev/null | wc -l)
+	m=$(tshark -r "$tmp/cap.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma \
+		-Y _ws.malformed 2>/dev/null | wc -l)
+	ops=$(tshark -r "$tmp/cap.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma \
+		-T fields -e infiniband.bth.opcode 2>/dev/null | sort -u | tr '\n' ' ')
+	if [ "$n" -gt 1000 ] && [ "$m" = 0 ]; then
+		ok "tshark: $n InfiniBand frames, 0 malformed, opcodes: $ops"
+	else
+		bad tshark "$n frames, $m malformed"
+	fi
+else
+	skp tshark "not installed"
+fi
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail = 0 ]
