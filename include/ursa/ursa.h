@@ -81,6 +81,7 @@ struct ursa_udp_stats {
 		 drop_psn, drop_state, dup;
 	/* injected on transmit (URSA_FAULT) */
 	uint64_t fault_lost, fault_dup, fault_corrupt, fault_reorder;
+	uint64_t forwarded;	/* handed to the process owning the QP */
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

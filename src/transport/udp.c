@@ -17,6 +17,7 @@
 #include "udp.h"
 
 #include <arpa/inet.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -26,6 +27,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "../proto/roce.h"
@@ -43,6 +45,8 @@ static struct {
 	pthread_mutex_t lock;	/* start/stop, capture file */
 	pthread_mutex_t rx;	/* one receiver at a time */
 	int fd;
+	int fwd;		/* "@ursa/udp/<pid>": packets other processes
+				 * of this host received for our QPs */
 	bool tried;
 	uint16_t port;
 	FILE *pcap;
@@ -54,7 +58,7 @@ static struct {
 	size_t held_len;
 	int held_fd;
 	struct sockaddr_in held_to;
-} U = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, -1, false,
+} U = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, -1, -1, false,
 	ROCE_UDP_PORT, NULL, 0, 0, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER,
 	{ 0 }, 0, -1, { 0 } };
 
@@ -190,6 +194,97 @@ static void capture(uint32_t src, uint32_t dst, uint16_t sport, uint16_t dport,
 	pthread_mutex_unlock(&U.lock);
 }
 
+/* --- forwarding between the processes of one host ------------------------
+ *
+ * The reuseport group hashes each flow to one process's socket, which need
+ * not be the process that owns the destination QP. That process is found
+ * through the QP's registry socket "@ursa/qp/<qpn>" (transport/shm.c): a
+ * connect() to it is answered by the kernel, and SO_PEERCRED names the
+ * listener's pid. The packet then goes to "@ursa/udp/<pid>" with the
+ * addresses it arrived with; the owner checks it like any other packet.
+ */
+struct fwd_hdr {
+	uint32_t magic, src, dst;
+	uint16_t sport, pad;
+};
+#define FWD_MAGIC 0x55524657u /* "URFW" */
+
+static void fwd_name(struct sockaddr_un *sa, socklen_t *len, pid_t pid)
+{
+	int n;
+
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+		     "ursa/udp/%d", (int)pid);
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+static int fwd_open(void)
+{
+	struct sockaddr_un sa;
+	socklen_t len;
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int big = 8 << 20;
+
+	if (fd < 0)
+		return -1;
+	fwd_name(&sa, &len, getpid());
+	if (bind(fd, (struct sockaddr *)&sa, len)) {
+		close(fd);
+		return -1;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	return fd;
+}
+
+/* pid owning a QPN on this host, or 0 */
+static pid_t qpn_owner(uint32_t qpn)
+{
+	static __thread struct { uint32_t qpn; pid_t pid; } cache[64];
+	struct sockaddr_un sa;
+	struct ucred cr;
+	socklen_t len, cl = sizeof(cr);
+	int fd, n;
+	unsigned h = (qpn * 2654435761u) >> 26;
+
+	if (cache[h].qpn == qpn && cache[h].pid)
+		return cache[h].pid;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	memset(&sa, 0, sizeof(sa));
+	sa.sun_family = AF_UNIX;
+	n = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "ursa/qp/%06x",
+		     qpn & 0xffffff);
+	len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+	if (connect(fd, (struct sockaddr *)&sa, len) ||
+	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl)) {
+		close(fd);
+		return 0;
+	}
+	close(fd);
+	cache[h].qpn = qpn;
+	cache[h].pid = cr.pid;
+	return cr.pid;
+}
+
+static bool forward(const uint8_t *buf, size_t len, uint32_t dqpn,
+		    uint32_t src, uint16_t sport, uint32_t dst)
+{
+	struct fwd_hdr h = { FWD_MAGIC, src, dst, sport, 0 };
+	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)buf, len } };
+	struct sockaddr_un sa;
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
+	pid_t pid = qpn_owner(dqpn);
+
+	if (!pid || pid == getpid() || U.fwd < 0)
+		return false;
+	fwd_name(&sa, &mh.msg_namelen, pid);
+	mh.msg_name = &sa;
+	return sendmsg(U.fwd, &mh, MSG_DONTWAIT) == (ssize_t)(sizeof(h) + len);
+}
+
 int ursa_udp_fd(void)
 {
 	return U.fd;
@@ -226,12 +321,18 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 			pcap_open(s);
 		fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 		sa.sin_port = htons(U.port);
+		/* Every ursa process of the namespace joins the port's
+		 * reuseport group; the kernel spreads flows over them and a
+		 * packet for another process's QP is forwarded to it. */
+		if (fd >= 0)
+			setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
 		if (fd >= 0 && !setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) &&
 		    !bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
 			int big = 8 << 20;
 
 			setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
 			U.fd = fd;
+			U.fwd = fwd_open();
 		} else {
 			ursa_info("RoCEv2: cannot bind UDP port %u (%s): this process reaches only QPs on its own host",
 				  U.port, strerror(errno));
@@ -242,6 +343,8 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 	pthread_mutex_unlock(&U.lock);
 	if (U.fd >= 0 && ctx->eng)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd, &ev);
+	if (U.fwd >= 0 && ctx->eng)
+		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fwd, &ev);
 	return U.fd >= 0 ? 0 : -EADDRINUSE;
 }
 
@@ -249,6 +352,8 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 {
 	if (U.fd >= 0 && ctx->eng && ctx->eng->epfd >= 0)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd, NULL);
+	if (U.fwd >= 0 && ctx->eng && ctx->eng->epfd >= 0)
+		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fwd, NULL);
 }
 
 static uint32_t gid_v4(const union ibv_gid *g)
@@ -1100,7 +1205,7 @@ answer:
 }
 
 static void on_packet(uint8_t *buf, size_t len, uint32_t src, uint16_t sport,
-		      uint32_t dst)
+		      uint32_t dst, bool forwarded)
 {
 	struct roce_pkt p;
 	uint8_t ip[20], udp[8];
@@ -1130,6 +1235,11 @@ static void on_packet(uint8_t *buf, size_t len, uint32_t src, uint16_t sport,
 	memcpy(dgid.raw + 12, &dst, 4);
 	qp = ursa_loop_get(&dgid, p.dqpn);
 	if (!qp) {
+		/* another process's QP? (never forward twice) */
+		if (!forwarded && forward(buf, len, p.dqpn, src, sport, dst)) {
+			atomic_fetch_add(&ursa_udp_cnt.forwarded, 1);
+			return;
+		}
 		atomic_fetch_add(&ursa_udp_cnt.drop_qpn, 1);
 		return;
 	}
@@ -1213,11 +1323,27 @@ int ursa_udp_poll(void)
 				continue;
 			}
 			on_packet(bufs[i], mm[i].msg_len, from[i].sin_addr.s_addr,
-				  ntohs(from[i].sin_port), dst);
+				  ntohs(from[i].sin_port), dst, false);
 		}
 		total += n;
 		if (n < BATCH)
 			break;
+	}
+	/* packets other processes of this host forwarded to us */
+	for (;;) {
+		ssize_t r = U.fwd >= 0 ? recv(U.fwd, bufs[0], sizeof(bufs[0]), MSG_DONTWAIT) : -1;
+		struct fwd_hdr h;
+
+		if (r <= 0)
+			break;
+		if ((size_t)r < sizeof(h))
+			continue;
+		memcpy(&h, bufs[0], sizeof(h));
+		if (h.magic != FWD_MAGIC)
+			continue;
+		on_packet(bufs[0] + sizeof(h), (size_t)r - sizeof(h), h.src,
+			  h.sport, h.dst, true);
+		total++;
 	}
 	pthread_mutex_unlock(&U.rx);
 	return total;

@@ -52,6 +52,7 @@ struct ursa_udp_counters {
 		drop_src, drop_psn, drop_state, dup;
 	atomic_uint_fast64_t fault_lost, fault_dup, fault_corrupt,
 		fault_reorder;
+	atomic_uint_fast64_t forwarded;	/* to another process of the host */
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

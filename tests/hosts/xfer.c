@@ -281,10 +281,12 @@ static void print_counters(void)
 		printf("counters: tx %" PRIu64 " rx %" PRIu64 " packets, retransmits %" PRIu64
 		       ", NAKs sent %" PRIu64 " received %" PRIu64 ", drops: ICRC %" PRIu64
 		       " PSN %" PRIu64 " duplicate %" PRIu64 ", injected: lost %" PRIu64
-		       " duplicated %" PRIu64 " reordered %" PRIu64 " corrupted %" PRIu64 "\n",
+		       " duplicated %" PRIu64 " reordered %" PRIu64 " corrupted %" PRIu64
+		       ", forwarded %" PRIu64 "\n",
 		       st.tx_pkts, st.rx_pkts, st.retransmits, st.naks_sent,
 		       st.naks_rcvd, st.drop_icrc, st.drop_psn, st.dup,
-		       st.fault_lost, st.fault_dup, st.fault_reorder, st.fault_corrupt);
+		       st.fault_lost, st.fault_dup, st.fault_reorder, st.fault_corrupt,
+		       st.forwarded);
 }
 
 static int client(const char *host, int port, size_t mib, int cut_check)

@@ -70,6 +70,25 @@ F="loss=5,dup=1,reorder=1,corrupt=1"
 SRV_ENV="URSA_FAULT=$F,seed=11" CLI_ENV="URSA_FAULT=$F,seed=12" \
 	xfer_pair "RC $MIB MiB WRITE/READ/SEND under 5% loss, 1% dup, reorder, corruption" "$MIB"
 
+# 2b. two processes on each host at once: they share the RoCEv2 port
+ip netns exec $H1 $RUN timeout 300 "$XFER" server 7300 >"$tmp/s1" 2>&1 &
+s1=$!
+ip netns exec $H1 $RUN timeout 300 "$XFER" server 7301 >"$tmp/s2" 2>&1 &
+s2=$!
+ip netns exec $H2 $RUN timeout 300 "$XFER" client $IP1 7300 32 >"$tmp/c1" 2>&1 &
+c1=$!
+ip netns exec $H2 $RUN timeout 300 "$XFER" client $IP1 7301 32 >"$tmp/c2" 2>&1
+r2=$?
+wait $c1; r1=$?
+wait $s1 $s2
+sed 's/^/    1: /' "$tmp/c1"; sed 's/^/    2: /' "$tmp/c2"
+if [ $r1 = 0 ] && [ $r2 = 0 ] && [ "$(grep -c '^ok ' "$tmp/c1")" -ge 3 ] &&
+   [ "$(grep -c '^ok ' "$tmp/c2")" -ge 3 ]; then
+	ok "two processes per host at once"
+else
+	bad "two processes per host at once" "exit $r1 / $r2"
+fi
+
 # 3. loss made outside ursa, on the router (iptables statistic match)
 if ip netns exec $R iptables -A FORWARD -p udp --dport 4791 -m statistic \
 	--mode random --probability 0.05 -j DROP 2>/dev/null; then
