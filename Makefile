@@ -36,7 +36,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit_%)
 FUNC_BIN := $(FUNC_SRC:tests/func/%.c=$(BUILD)/tests/func_%)
 HARNESS := tests/harness.c
 
-.PHONY: all test sanitize demo install clean tests bench
+.PHONY: all test sanitize demo install clean tests bench fuzz
 BENCH_BIN := $(BUILD)/bench/samehost
 STUBS := $(BUILD)/lib/libmlx5.so.1 $(BUILD)/lib/libefa.so.1
 all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(STUBS)
@@ -68,7 +68,20 @@ $(BUILD)/bin/ursa: tools/ursa.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) -libverbs
 
-tests: $(UNIT_BIN) $(FUNC_BIN) $(BUILD)/tests/xfer
+tests: $(UNIT_BIN) $(FUNC_BIN) $(BUILD)/tests/xfer $(BUILD)/tests/fuzz_pkt
+
+# Fuzz targets: a corpus replayer (make test), or libFuzzer (make fuzz).
+$(BUILD)/tests/fuzz_pkt: tests/fuzz/fuzz_pkt.c src/proto/roce.c src/proto/roce.h
+	@mkdir -p $(dir $@)
+	$(CC) $(APP_CFLAGS) tests/fuzz/fuzz_pkt.c src/proto/roce.c -o $@ $(LDFLAGS)
+
+FUZZ_SECONDS ?= 60
+fuzz:
+	@mkdir -p build/fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -DURSA_LIBFUZZER \
+		tests/fuzz/fuzz_pkt.c src/proto/roce.c -o build/fuzz/fuzz_pkt
+	mkdir -p build/fuzz/corpus && cp tests/fuzz/corpus/pkt/* build/fuzz/corpus/
+	build/fuzz/fuzz_pkt -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus
 
 $(BUILD)/tests/xfer: tests/hosts/xfer.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)

@@ -5,9 +5,13 @@ BUILD=${BUILD:-build}
 export LD_LIBRARY_PATH="$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 pass=0; fail=0; skip=0; failed_bins=""
 log=$(mktemp); trap 'rm -f "$log"' EXIT
-for t in "$BUILD"/tests/unit_* "$BUILD"/tests/func_* tests/scripts/*.sh; do
+for t in "$BUILD"/tests/unit_* "$BUILD"/tests/fuzz_* "$BUILD"/tests/func_* tests/scripts/*.sh; do
 	[ -e "$t" ] || continue
-	case "$t" in *.sh) cmd="sh $t";; *) cmd="$t";; esac
+	case "$t" in
+	*.sh) cmd="sh $t";;
+	*/fuzz_pkt) cmd="$t tests/fuzz/corpus/pkt";;
+	*) cmd="$t";;
+	esac
 	echo "== $t"
 	# Output goes to a file, not a pipe: a stray process holding the
 	# pipe open could otherwise stall the runner.

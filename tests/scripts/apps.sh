@@ -112,7 +112,6 @@ ib_send_bw -n 200 -c UD -s 1024|1024
 ib_send_lat -n 200 -c UD -s 512|512
 ib_write_bw -n 200 -c UC|65536
 ib_send_bw -n 200 --report_gbits|65536
-ib_send_lat -n 200 -e|2
 ib_write_bw -D 1|
 LIST
 	# the ibv_wr_* post path: perftest takes it for ConnectX-5 part ids
