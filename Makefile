@@ -37,7 +37,7 @@ FUNC_BIN := $(FUNC_SRC:tests/func/%.c=$(BUILD)/tests/func_%)
 HARNESS := tests/harness.c
 
 .PHONY: all test sanitize demo install clean tests bench fuzz
-BENCH_BIN := $(BUILD)/bench/samehost
+BENCH_BIN := $(BUILD)/bench/samehost $(BUILD)/bench/netpeer
 STUBS := $(BUILD)/lib/libmlx5.so.1 $(BUILD)/lib/libefa.so.1
 all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(STUBS)
 
@@ -101,10 +101,11 @@ $(BUILD)/tests/func_%: tests/func/%.c $(HARNESS) tests/harness.h \
 
 $(BUILD)/bench/%: bench/%.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
-	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) -libverbs
+	$(CC) $(APP_CFLAGS) -Wno-unused-result $< -o $@ $(APP_LDFLAGS) -libverbs
 
 bench: all $(BENCH_BIN)
 	LD_LIBRARY_PATH=$(BUILD)/lib $(BUILD)/bench/samehost $(BENCH_ARGS)
+	sh bench/hosts.sh $(BUILD)
 
 test: all tests $(BENCH_BIN)
 	@BUILD=$(BUILD) sh tests/run.sh

@@ -39,6 +39,8 @@ static void usage(FILE *f)
 		"                          its translation table (--thp: ask for huge pages,\n"
 		"                          --odp: register on demand, without pinning)\n"
 		"  run -- PROG [ARGS]      run PROG on ursa (sets LD_LIBRARY_PATH)\n"
+		"  stats -- PROG [ARGS]    the same, and print ursa's counters (per QP\n"
+		"                          when destroyed, RoCEv2 at exit) on stderr\n"
 		"  version                 print the version\n"
 		"Environment: URSA_DEVICE_NAME (device name, default ursa0), URSA_NETDEV\n"
 		"(interface whose MTU the port follows), URSA_LOG=0|1|2, URSA_SPIN_US.\n");
@@ -486,6 +488,10 @@ int main(int argc, char **argv)
 		return cmd_mr(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "run"))
 		return cmd_run(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "stats")) {
+		setenv("URSA_STATS", "1", 1);
+		return cmd_run(argc - 1, argv + 1);
+	}
 	if (!strcmp(argv[1], "version")) {
 		printf("%s\n", ursa_version());
 		return 0;

@@ -95,8 +95,15 @@ EXPORT int ibv_get_device_index(struct ibv_device *device)
 	return device == &ursa_device_get()->ibdev ? 0 : -1;
 }
 
+static void stats_at_exit(void)
+{
+	if (getenv("URSA_STATS"))
+		atexit(ursa_stats_exit);
+}
+
 EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
+	static pthread_once_t stats_once = PTHREAD_ONCE_INIT;
 	struct ursa_device *dev = ursa_device_get();
 	struct ursa_ctx *ctx;
 	struct ibv_context *c;
@@ -104,6 +111,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 
 	if (!dev || device != &dev->ibdev)
 		return ret_null(-ENODEV);
+	pthread_once(&stats_once, stats_at_exit);
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return ret_null(-ENOMEM);

@@ -146,6 +146,7 @@ struct ibv_qp *uv_create_qp_ex(struct ibv_context *c,
 
 EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 {
+	ursa_stats_qp(to_uqp(qp));
 	return ret_errno(ursa_qp_destroy(to_uqp(qp)));
 }
 

@@ -4,7 +4,11 @@
  */
 #include "verbs.h"
 
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../include/ursa/ursa.h"
 #include "../transport/udp.h"
@@ -145,6 +149,42 @@ EXPORT int ursa_udp_stats(struct ursa_udp_stats *st)
 	C(forwarded);
 #undef C
 	return 0;
+}
+
+/* URSA_STATS=1 (or `ursa stats -- PROGRAM`): counters on stderr when QPs
+ * go and when the process exits, for programs that cannot call ursa_*. */
+void ursa_stats_qp(struct ursa_qp *qp)
+{
+	struct ursa_qp_stats st;
+
+	if (!getenv("URSA_STATS"))
+		return;
+	ursa_qp_stats(&qp->ex.qp_base, &st);
+	fprintf(stderr, "ursa stats: qp 0x%06x: %" PRIu64 " sends %" PRIu64
+		" recvs %" PRIu64 " writes %" PRIu64 " reads %" PRIu64
+		" atomics in, %" PRIu64 " B out %" PRIu64 " B in; bytes by path: loop %"
+		PRIu64 " slots %" PRIu64 " cma %" PRIu64 "; rnr naks %" PRIu64
+		", retries %" PRIu64 ", errors %" PRIu64 "\n",
+		qp->ex.qp_base.qp_num, st.sends, st.recvs, st.writes, st.reads,
+		st.atomics, st.tx_bytes, st.rx_bytes, st.loop_bytes,
+		st.ring_bytes, st.cma_bytes, st.rnr_naks, st.retries, st.errors);
+}
+
+void ursa_stats_exit(void)
+{
+	struct ursa_udp_stats u;
+
+	ursa_udp_stats(&u);
+	fprintf(stderr, "ursa stats: pid %d RoCEv2: tx %" PRIu64 " pkts %" PRIu64
+		" B, rx %" PRIu64 " pkts %" PRIu64 " B, retransmits %" PRIu64
+		", NAKs sent %" PRIu64 " received %" PRIu64 " (RNR %" PRIu64
+		"), dropped: short %" PRIu64 " opcode %" PRIu64 " ICRC %" PRIu64
+		" QPN %" PRIu64 " source %" PRIu64 " PSN %" PRIu64 " state %" PRIu64
+		" duplicate %" PRIu64 ", forwarded %" PRIu64 "\n",
+		(int)getpid(), u.tx_pkts, u.tx_bytes, u.rx_pkts, u.rx_bytes,
+		u.retransmits, u.naks_sent, u.naks_rcvd, u.rnr_naks, u.drop_short,
+		u.drop_opcode, u.drop_icrc, u.drop_qpn, u.drop_src, u.drop_psn,
+		u.drop_state, u.dup, u.forwarded);
 }
 
 EXPORT const char *ursa_vendor_err_str(uint32_t vendor_err)

@@ -72,6 +72,8 @@ struct ibv_cq_ex *uv_create_cq_ex(struct ibv_context *ctx,
 struct ibv_qp *uv_create_qp_ex(struct ibv_context *ctx,
 			       struct ibv_qp_init_attr_ex *attr);
 void uv_qp_ex_init(struct ursa_qp *qp);
+void ursa_stats_qp(struct ursa_qp *qp);
+void ursa_stats_exit(void);
 void uv_cq_ex_init(struct ursa_cq *cq);
 
 #endif

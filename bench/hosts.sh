@@ -1,0 +1,45 @@
+#!/bin/sh
+# hosts.sh - RoCEv2 between two namespaces (behind a router namespace),
+# next to the limits of the same path measured in the same run: a raw UDP
+# ping-pong and a TCP stream. Needs root. Reports; asserts nothing.
+#   bench/hosts.sh [BUILD]
+BUILD=${1:-build}
+LIB="$(cd "$BUILD/lib" && pwd)"
+NP="$(cd "$BUILD/bench" && pwd)/netpeer"
+tmp=$(mktemp -d)
+. "$(dirname "$0")/../tests/scripts/netns.inc"
+trap 'netns_down; rm -rf "$tmp"' EXIT
+netns_up || { echo "cannot create namespaces (root needed)"; exit 1; }
+E="env LD_LIBRARY_PATH=$LIB"
+
+ip netns exec $H1 "$NP" udp-server 9100 & u=$!
+sleep 0.2
+udp=$(ip netns exec $H2 "$NP" udp-client $IP1 9100 20000 64)
+kill $u
+ip netns exec $H1 "$NP" tcp-server 9101 & sleep 0.2
+tcp=$(ip netns exec $H2 "$NP" tcp-client $IP1 9101 1024)
+wait
+
+perf() { # perftest between the hosts; prints the client's result row
+	ip netns exec $H1 $E timeout 120 "$@" -F >/dev/null 2>&1 &
+	sleep 0.5
+	ip netns exec $H2 $E timeout 120 "$@" -F $IP1 2>/dev/null | awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+/' | tail -1
+	wait
+}
+wl=$(perf ib_write_lat -s 64 -n 5000)
+sl=$(perf ib_send_lat -s 64 -n 5000)
+wb=$(perf ib_write_bw -s 1048576 -n 200)
+
+u_med=$(echo "$udp" | awk '{print $2}')
+w_med=$(echo "$wl" | awk '{print $5}')
+s_med=$(echo "$sl" | awk '{print $5}')
+t_bw=$(echo "$tcp" | awk '{print $2}')
+w_bw=$(echo "$wb" | awk '{print $4}')
+echo "ursa RoCEv2 between two namespaces behind a router namespace (veth, MTU 1500)"
+echo
+echo "latency, one way (us)      median     limit: raw UDP one way   ratio (target <= 1.3)"
+awk -v a="$w_med" -v b="$u_med" 'BEGIN {printf "  64 B RC WRITE          %8.2f     %8.2f                  %5.2fx\n", a, b, a / b}'
+awk -v a="$s_med" -v b="$u_med" 'BEGIN {printf "  64 B RC SEND           %8.2f     %8.2f                  %5.2fx\n", a, b, a / b}'
+echo
+echo "bandwidth (MB/s)                      peer: TCP stream        ratio (target >= 1)"
+awk -v a="$w_bw" -v b="$t_bw" 'BEGIN {printf "  1 MiB RC WRITE        %8.1f     %8.1f                  %5.2fx\n", a, b, a / b}'
