@@ -371,6 +371,56 @@ static bool gid_is_v4(const union ibv_gid *g)
 	return !memcmp(g->raw, pfx, 12);
 }
 
+/*
+ * Packets leave in batches: one sendmmsg per engine step instead of one
+ * sendto per packet. The batch belongs to the calling thread and is
+ * flushed before the step returns (udp_flush).
+ */
+#define TXB 64
+static __thread struct {
+	int n, fd;
+	uint8_t buf[TXB][MAX_PKT];
+	struct iovec iov[TXB];
+	struct mmsghdr mm[TXB];
+	struct sockaddr_in to[TXB];
+} txb;
+
+static void udp_flush(void)
+{
+	int done = 0;
+
+	while (done < txb.n) {
+		int r = sendmmsg(txb.fd, txb.mm + done, (unsigned)(txb.n - done), 0);
+
+		if (r <= 0) {
+			ursa_dbg("udp send: %s", strerror(errno));
+			break;
+		}
+		done += r;
+	}
+	txb.n = 0;
+}
+
+static void batch_add(int fd, const uint8_t *ib, size_t len,
+		      const struct sockaddr_in *to)
+{
+	int i;
+
+	if (txb.n && (txb.fd != fd || txb.n == TXB))
+		udp_flush();
+	i = txb.n++;
+	txb.fd = fd;
+	memcpy(txb.buf[i], ib, len);
+	txb.to[i] = *to;
+	txb.iov[i].iov_base = txb.buf[i];
+	txb.iov[i].iov_len = len;
+	memset(&txb.mm[i], 0, sizeof(txb.mm[i]));
+	txb.mm[i].msg_hdr.msg_iov = &txb.iov[i];
+	txb.mm[i].msg_hdr.msg_iovlen = 1;
+	txb.mm[i].msg_hdr.msg_name = &txb.to[i];
+	txb.mm[i].msg_hdr.msg_namelen = sizeof(txb.to[i]);
+}
+
 /* Send one transport packet (ib, len without ICRC room filled) from the
  * QP's socket; computes the ICRC; applies injected faults. */
 static void tx(struct ursa_uqp *u, uint32_t src, uint32_t dst, uint8_t *ib,
@@ -412,8 +462,7 @@ static void tx(struct ursa_uqp *u, uint32_t src, uint32_t dst, uint8_t *ib,
 		}
 		pthread_mutex_unlock(&U.fault_lock);
 	}
-	if (sendto(u->txfd, ib, len, 0, (struct sockaddr *)&to, sizeof(to)) < 0)
-		ursa_dbg("udp send: %s", strerror(errno));
+	batch_add(u->txfd, ib, len, &to);
 	if (dup) {
 		atomic_fetch_add(&ursa_udp_cnt.fault_dup, 1);
 		sendto(u->txfd, ib, len, 0, (struct sockaddr *)&to, sizeof(to));
@@ -902,6 +951,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 out:
 	w->inflight = ret == 0;
 	pthread_mutex_unlock(&u->lock);
+	udp_flush();
 	return ret;
 }
 
@@ -1275,6 +1325,7 @@ static void on_packet(uint8_t *buf, size_t len, uint32_t src, uint16_t sport,
 		on_request(qp, u, &p, dst, src);
 	}
 	pthread_mutex_unlock(&u->lock);
+	udp_flush();
 out:
 	ursa_loop_put(qp);
 }
