@@ -163,6 +163,10 @@ int roce_parse(const uint8_t *buf, size_t len, struct roce_pkt *p)
 		h += 4;
 	}
 	body = len - hl - ROCE_ICRC_LEN;
+	/* Payload plus pad is a whole number of 4-byte words (IBTA 9.2.4:
+	 * PadCnt pads to a multiple of 4); headers are too. */
+	if (body & 3)
+		return -EBADMSG;
 	if (!(f & P_PAYLOAD)) {
 		if (body || p->padcnt)
 			return -EBADMSG;

@@ -39,12 +39,44 @@
 
 struct ursa_udp_counters ursa_udp_cnt;
 
+/* Addresses are GIDs: IPv4 as ::ffff:a.b.c.d, IPv6 as is. */
+typedef union ibv_gid addr_t;
+
+static bool is_v4(const addr_t *g)
+{
+	static const uint8_t pfx[12] = { [10] = 0xff, [11] = 0xff };
+
+	return !memcmp(g->raw, pfx, 12);
+}
+
+/* sockaddr for a GID and port */
+static socklen_t to_sockaddr(const addr_t *g, uint16_t port,
+			     struct sockaddr_storage *ss)
+{
+	memset(ss, 0, sizeof(*ss));
+	if (is_v4(g)) {
+		struct sockaddr_in *a = (struct sockaddr_in *)ss;
+
+		a->sin_family = AF_INET;
+		a->sin_port = htons(port);
+		memcpy(&a->sin_addr, g->raw + 12, 4);
+		return sizeof(*a);
+	} else {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+
+		a->sin6_family = AF_INET6;
+		a->sin6_port = htons(port);
+		memcpy(&a->sin6_addr, g->raw, 16);
+		return sizeof(*a);
+	}
+}
+
 /* --- the process's RoCEv2 socket, faults, capture ------------------------- */
 
 static struct {
 	pthread_mutex_t lock;	/* start/stop, capture file */
 	pthread_mutex_t rx;	/* one receiver at a time */
-	int fd;
+	int fd, fd6;		/* IPv4 and IPv6 receive sockets */
 	int fwd;		/* "@ursa/udp/<pid>": packets other processes
 				 * of this host received for our QPs */
 	bool tried;
@@ -57,14 +89,15 @@ static struct {
 	uint8_t held[MAX_PKT];	/* a packet held back for reordering */
 	size_t held_len;
 	int held_fd;
-	struct sockaddr_in held_to;
-} U = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, -1, -1, false,
+	struct sockaddr_storage held_to;
+	socklen_t held_tolen;
+} U = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, -1, -1, -1, false,
 	ROCE_UDP_PORT, NULL, 0, 0, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER,
 	{ 0 }, 0, -1, { 0 } };
 
 struct ursa_uqp {
 	pthread_mutex_t lock;
-	int txfd;
+	int txfd, txfd6;
 	uint16_t sport;
 	uint32_t next_psn;	/* requester: PSN of the next new message */
 	/* requester: the message in flight (the head WQE) */
@@ -143,26 +176,47 @@ static uint16_t csum16(const uint8_t *p, size_t n)
 	return (uint16_t)~s;
 }
 
-/* The IPv4 and UDP headers a datagram of ib_len bytes carries: ID 0 and
- * DF (unconnected socket, PMTU discovery on), as Linux sends it. */
-static void ip_udp(uint8_t ip[20], uint8_t udp[8], uint32_t src, uint32_t dst,
-		   uint16_t sport, uint16_t dport, size_t ib_len, uint8_t ttl)
+/*
+ * The IP and UDP headers a datagram of ib_len bytes carries, as Linux sends
+ * it from our sockets: IPv4 with ID 0 and DF (unconnected socket, PMTU
+ * discovery on), or IPv6. Returns the IP header's length (20 or 40). The
+ * fields Linux chooses that we cannot know (TTL, traffic class, flow
+ * label, checksums) are the ones the ICRC masks.
+ */
+static size_t ip_udp(uint8_t ip[40], uint8_t udp[8], const addr_t *src,
+		     const addr_t *dst, uint16_t sport, uint16_t dport,
+		     size_t ib_len, uint8_t ttl)
 {
-	uint16_t tot = (uint16_t)(20 + 8 + ib_len), ul = (uint16_t)(8 + ib_len);
-	uint16_t c;
+	uint16_t ul = (uint16_t)(8 + ib_len);
+	size_t hl;
 
-	memset(ip, 0, 20);
-	ip[0] = 0x45;
-	ip[2] = (uint8_t)(tot >> 8);
-	ip[3] = (uint8_t)tot;
-	ip[6] = 0x40;
-	ip[8] = ttl;
-	ip[9] = 17;
-	memcpy(ip + 12, &src, 4);
-	memcpy(ip + 16, &dst, 4);
-	c = csum16(ip, 20);
-	ip[10] = (uint8_t)(c >> 8);
-	ip[11] = (uint8_t)c;
+	if (is_v4(src)) {
+		uint16_t tot = (uint16_t)(20 + 8 + ib_len), c;
+
+		memset(ip, 0, 20);
+		ip[0] = 0x45;
+		ip[2] = (uint8_t)(tot >> 8);
+		ip[3] = (uint8_t)tot;
+		ip[6] = 0x40;
+		ip[8] = ttl;
+		ip[9] = 17;
+		memcpy(ip + 12, src->raw + 12, 4);
+		memcpy(ip + 16, dst->raw + 12, 4);
+		c = csum16(ip, 20);
+		ip[10] = (uint8_t)(c >> 8);
+		ip[11] = (uint8_t)c;
+		hl = 20;
+	} else {
+		memset(ip, 0, 40);
+		ip[0] = 0x60;
+		ip[4] = (uint8_t)(ul >> 8);
+		ip[5] = (uint8_t)ul;
+		ip[6] = 17;
+		ip[7] = ttl;
+		memcpy(ip + 8, src->raw, 16);
+		memcpy(ip + 24, dst->raw, 16);
+		hl = 40;
+	}
 	udp[0] = (uint8_t)(sport >> 8);
 	udp[1] = (uint8_t)sport;
 	udp[2] = (uint8_t)(dport >> 8);
@@ -170,25 +224,28 @@ static void ip_udp(uint8_t ip[20], uint8_t udp[8], uint32_t src, uint32_t dst,
 	udp[4] = (uint8_t)(ul >> 8);
 	udp[5] = (uint8_t)ul;
 	udp[6] = udp[7] = 0;
+	return hl;
 }
 
-static void capture(uint32_t src, uint32_t dst, uint16_t sport, uint16_t dport,
-		    const uint8_t *ib, size_t len)
+static void capture(const addr_t *src, const addr_t *dst, uint16_t sport,
+		    uint16_t dport, const uint8_t *ib, size_t len)
 {
-	uint8_t hdr[28];
+	uint8_t ip[40], udp[8];
 	struct timeval tv;
 	uint32_t rec[4];
+	size_t hl;
 
 	if (!U.pcap)
 		return;
-	ip_udp(hdr, hdr + 20, src, dst, sport, dport, len, 64);
+	hl = ip_udp(ip, udp, src, dst, sport, dport, len, 64);
 	gettimeofday(&tv, NULL);
 	rec[0] = (uint32_t)tv.tv_sec;
 	rec[1] = (uint32_t)tv.tv_usec;
-	rec[2] = rec[3] = (uint32_t)(28 + len);
+	rec[2] = rec[3] = (uint32_t)(hl + 8 + len);
 	pthread_mutex_lock(&U.lock);
 	fwrite(rec, sizeof(rec), 1, U.pcap);
-	fwrite(hdr, 28, 1, U.pcap);
+	fwrite(ip, hl, 1, U.pcap);
+	fwrite(udp, 8, 1, U.pcap);
 	fwrite(ib, len, 1, U.pcap);
 	fflush(U.pcap);
 	pthread_mutex_unlock(&U.lock);
@@ -204,8 +261,9 @@ static void capture(uint32_t src, uint32_t dst, uint16_t sport, uint16_t dport,
  * addresses it arrived with; the owner checks it like any other packet.
  */
 struct fwd_hdr {
-	uint32_t magic, src, dst;
+	uint32_t magic;
 	uint16_t sport, pad;
+	addr_t src, dst;
 };
 #define FWD_MAGIC 0x55524657u /* "URFW" */
 
@@ -270,9 +328,9 @@ static pid_t qpn_owner(uint32_t qpn)
 }
 
 static bool forward(const uint8_t *buf, size_t len, uint32_t dqpn,
-		    uint32_t src, uint16_t sport, uint32_t dst)
+		    const addr_t *src, uint16_t sport, const addr_t *dst)
 {
-	struct fwd_hdr h = { FWD_MAGIC, src, dst, sport, 0 };
+	struct fwd_hdr h = { FWD_MAGIC, sport, 0, *src, *dst };
 	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)buf, len } };
 	struct sockaddr_un sa;
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
@@ -283,6 +341,27 @@ static bool forward(const uint8_t *buf, size_t len, uint32_t dqpn,
 	fwd_name(&sa, &mh.msg_namelen, pid);
 	mh.msg_name = &sa;
 	return sendmsg(U.fwd, &mh, MSG_DONTWAIT) == (ssize_t)(sizeof(h) + len);
+}
+
+/* The IPv6 receive socket (IPv6 only: IPv4 has its own). */
+static int open6(void)
+{
+	struct sockaddr_in6 sa = { .sin6_family = AF_INET6,
+				   .sin6_port = htons(U.port) };
+	int fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int one = 1, big = 8 << 20;
+
+	if (fd < 0)
+		return -1;
+	setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+	setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		close(fd);
+		return -1;
+	}
+	return fd;
 }
 
 int ursa_udp_fd(void)
@@ -332,6 +411,7 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 
 			setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
 			U.fd = fd;
+			U.fd6 = open6();
 			U.fwd = fwd_open();
 		} else {
 			ursa_info("RoCEv2: cannot bind UDP port %u (%s): this process reaches only QPs on its own host",
@@ -345,6 +425,8 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd, &ev);
 	if (U.fwd >= 0 && ctx->eng)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fwd, &ev);
+	if (U.fd6 >= 0 && ctx->eng)
+		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd6, &ev);
 	return U.fd >= 0 ? 0 : -EADDRINUSE;
 }
 
@@ -354,21 +436,8 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd, NULL);
 	if (U.fwd >= 0 && ctx->eng && ctx->eng->epfd >= 0)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fwd, NULL);
-}
-
-static uint32_t gid_v4(const union ibv_gid *g)
-{
-	uint32_t a;
-
-	memcpy(&a, g->raw + 12, 4);
-	return a;
-}
-
-static bool gid_is_v4(const union ibv_gid *g)
-{
-	static const uint8_t pfx[12] = { [10] = 0xff, [11] = 0xff };
-
-	return !memcmp(g->raw, pfx, 12);
+	if (U.fd6 >= 0 && ctx->eng && ctx->eng->epfd >= 0)
+		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd6, NULL);
 }
 
 /*
@@ -382,7 +451,8 @@ static __thread struct {
 	uint8_t buf[TXB][MAX_PKT];
 	struct iovec iov[TXB];
 	struct mmsghdr mm[TXB];
-	struct sockaddr_in to[TXB];
+	struct sockaddr_storage to[TXB];
+	socklen_t tolen[TXB];
 } txb;
 
 static void udp_flush(void)
@@ -402,7 +472,7 @@ static void udp_flush(void)
 }
 
 static void batch_add(int fd, const uint8_t *ib, size_t len,
-		      const struct sockaddr_in *to)
+		      const struct sockaddr_storage *to, socklen_t tolen)
 {
 	int i;
 
@@ -412,29 +482,33 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 	txb.fd = fd;
 	memcpy(txb.buf[i], ib, len);
 	txb.to[i] = *to;
+	txb.tolen[i] = tolen;
 	txb.iov[i].iov_base = txb.buf[i];
 	txb.iov[i].iov_len = len;
 	memset(&txb.mm[i], 0, sizeof(txb.mm[i]));
 	txb.mm[i].msg_hdr.msg_iov = &txb.iov[i];
 	txb.mm[i].msg_hdr.msg_iovlen = 1;
 	txb.mm[i].msg_hdr.msg_name = &txb.to[i];
-	txb.mm[i].msg_hdr.msg_namelen = sizeof(txb.to[i]);
+	txb.mm[i].msg_hdr.msg_namelen = tolen;
 }
 
 /* Send one transport packet (ib, len without ICRC room filled) from the
  * QP's socket; computes the ICRC; applies injected faults. */
-static void tx(struct ursa_uqp *u, uint32_t src, uint32_t dst, uint8_t *ib,
-	       size_t len, uint8_t ttl)
+static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
+	       uint8_t *ib, size_t len, uint8_t ttl)
 {
-	uint8_t ip[20], udp[8];
-	struct sockaddr_in to = { .sin_family = AF_INET,
-				  .sin_port = htons(U.port) };
+	uint8_t ip[40], udp[8];
+	struct sockaddr_storage to;
+	socklen_t tolen = to_sockaddr(dst, U.port, &to);
+	int fd = is_v4(dst) ? u->txfd : u->txfd6;
 	bool dup = false;
+	size_t hl;
 
-	ip_udp(ip, udp, src, dst, u->sport, U.port, len, ttl);
-	roce_icrc_put(ib + len - 4, roce_icrc(ip, 20, udp, ib, len - 4));
+	if (fd < 0 || is_v4(src) != is_v4(dst))
+		return;
+	hl = ip_udp(ip, udp, src, dst, u->sport, U.port, len, ttl);
+	roce_icrc_put(ib + len - 4, roce_icrc(ip, hl, udp, ib, len - 4));
 	capture(src, dst, u->sport, U.port, ib, len);
-	to.sin_addr.s_addr = dst;
 	atomic_fetch_add(&ursa_udp_cnt.tx_pkts, 1);
 	atomic_fetch_add(&ursa_udp_cnt.tx_bytes, len);
 	if (U.loss | U.dup | U.reorder | U.corrupt) {
@@ -454,24 +528,25 @@ static void tx(struct ursa_uqp *u, uint32_t src, uint32_t dst, uint8_t *ib,
 			/* hold this one back until after the next packet */
 			memcpy(U.held, ib, len);
 			U.held_len = len;
-			U.held_fd = u->txfd;
+			U.held_fd = fd;
 			U.held_to = to;
+			U.held_tolen = tolen;
 			atomic_fetch_add(&ursa_udp_cnt.fault_reorder, 1);
 			pthread_mutex_unlock(&U.fault_lock);
 			return;
 		}
 		pthread_mutex_unlock(&U.fault_lock);
 	}
-	batch_add(u->txfd, ib, len, &to);
+	batch_add(fd, ib, len, &to, tolen);
 	if (dup) {
 		atomic_fetch_add(&ursa_udp_cnt.fault_dup, 1);
-		sendto(u->txfd, ib, len, 0, (struct sockaddr *)&to, sizeof(to));
+		batch_add(fd, ib, len, &to, tolen);
 	}
 	if (U.held_len) {
 		pthread_mutex_lock(&U.fault_lock);
 		if (U.held_len) {
-			sendto(U.held_fd, U.held, U.held_len, 0,
-			       (struct sockaddr *)&U.held_to, sizeof(U.held_to));
+			batch_add(U.held_fd, U.held, U.held_len, &U.held_to,
+				  U.held_tolen);
 			U.held_len = 0;
 		}
 		pthread_mutex_unlock(&U.fault_lock);
@@ -505,6 +580,19 @@ int ursa_uqp_init(struct ursa_qp *qp)
 			u->txfd = -1;
 		}
 	}
+	u->txfd6 = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (u->txfd6 >= 0) {
+		struct sockaddr_in6 s6 = { .sin6_family = AF_INET6,
+					   .sin6_port = htons(u->sport) };
+
+		setsockopt(u->txfd6, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+		setsockopt(u->txfd6, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		setsockopt(u->txfd6, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+		if (bind(u->txfd6, (struct sockaddr *)&s6, sizeof(s6))) {
+			close(u->txfd6);
+			u->txfd6 = -1;
+		}
+	}
 	qp->udp = u;
 	return 0;
 }
@@ -518,6 +606,8 @@ void ursa_uqp_fini(struct ursa_qp *qp)
 	ursa_rstate_drop(&u->rs);
 	if (u->txfd >= 0)
 		close(u->txfd);
+	if (u->txfd6 >= 0)
+		close(u->txfd6);
 	pthread_mutex_destroy(&u->lock);
 	free(u);
 	qp->udp = NULL;
@@ -572,8 +662,8 @@ static uint8_t transport_bits(struct ursa_qp *qp)
 }
 
 /* Control packet (ACK, NAK, ATOMIC ACK) from a responder QP. */
-static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t to,
-		     uint32_t from, uint8_t opcode, uint8_t syn, uint32_t psn,
+static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, const addr_t *to,
+		     const addr_t *from, uint8_t opcode, uint8_t syn, uint32_t psn,
 		     uint64_t orig)
 {
 	uint8_t buf[64];
@@ -660,7 +750,7 @@ static uint32_t slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
 /* Send packet k of the message. */
 static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 			  const struct ursa_req *r, const struct ursa_send_wqe *w,
-			  uint32_t k, uint32_t src, uint32_t dst)
+			  uint32_t k, const addr_t *src, const addr_t *dst)
 {
 	uint8_t buf[MAX_PKT], pay[4096];
 	struct roce_pkt p = { 0 };
@@ -694,7 +784,8 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 }
 
 static void send_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
-			  const struct ursa_req *r, uint32_t src, uint32_t dst)
+			  const struct ursa_req *r, const addr_t *src,
+			  const addr_t *dst)
 {
 	uint8_t buf[64];
 	struct roce_pkt p = { 0 };
@@ -724,7 +815,8 @@ static void send_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 }
 
 static void send_atomic(struct ursa_qp *qp, struct ursa_uqp *u,
-			const struct ursa_req *r, uint32_t src, uint32_t dst)
+			const struct ursa_req *r, const addr_t *src,
+			const addr_t *dst)
 {
 	uint8_t buf[96];
 	struct roce_pkt p = { 0 };
@@ -800,20 +892,18 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	bool rc = qp->ex.qp_base.qp_type == IBV_QPT_RC;
 	bool atomic = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		      r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-	uint32_t src, dst;
+	const addr_t *src = &r->sgid, *dst = &r->dgid;
 	int ret = 0;
 
 	memset(resp, 0, sizeof(*resp));
-	if (!u || U.fd < 0 || u->txfd < 0 || !gid_is_v4(&r->dgid) ||
-	    !gid_is_v4(&r->sgid)) {
+	if (!u || is_v4(src) != is_v4(dst) ||
+	    (is_v4(dst) ? U.fd < 0 || u->txfd < 0 : U.fd6 < 0 || u->txfd6 < 0)) {
 		/* no way out: an unanswered request */
 		resp->ack = URSA_DROPPED;
 		resp->why = URSA_WHY_UNREACHABLE;
 		resp->final = true;
 		return 1;
 	}
-	src = gid_v4(&r->sgid);
-	dst = gid_v4(&r->dgid);
 	pthread_mutex_lock(&u->lock);
 	if (!u->m.active || u->m.wqe != w) {
 		memset(&u->m, 0, sizeof(u->m));
@@ -1038,7 +1128,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 
 static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 			const struct roce_pkt *p, struct ursa_req *r,
-			uint32_t me, uint32_t peer)
+			const addr_t *me, const addr_t *peer)
 {
 	uint32_t mtu = mtu_of(qp);
 	uint32_t n = (uint32_t)MAX(1, ((uint64_t)p->dmalen + mtu - 1) / mtu);
@@ -1087,7 +1177,8 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 
 /* A request for our responder QP. Called with u->lock held. */
 static void on_request(struct ursa_qp *qp, struct ursa_uqp *u,
-		       const struct roce_pkt *p, uint32_t me, uint32_t peer)
+		       const struct roce_pkt *p, const addr_t *me,
+		       const addr_t *peer)
 {
 	enum ibv_qp_type t = qp->ex.qp_base.qp_type;
 	uint32_t f = roce_opcode_flags(p->opcode);
@@ -1146,10 +1237,8 @@ execute:
 	r.type = t;
 	r.src_qpn = t == IBV_QPT_UD ? p->sqpn : qp->attr.dest_qp_num;
 	r.qkey = p->qkey;
-	r.sgid.raw[10] = r.sgid.raw[11] = 0xff;
-	memcpy(r.sgid.raw + 12, &peer, 4);
-	r.dgid.raw[10] = r.dgid.raw[11] = 0xff;
-	memcpy(r.dgid.raw + 12, &me, 4);
+	r.sgid = *peer;
+	r.dgid = *me;
 	r.hop_limit = 64;
 	r.solicited = p->se;
 	r.src = &s;
@@ -1254,12 +1343,12 @@ answer:
 	}
 }
 
-static void on_packet(uint8_t *buf, size_t len, uint32_t src, uint16_t sport,
-		      uint32_t dst, bool forwarded)
+static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
+		      uint16_t sport, const addr_t *dst, bool forwarded)
 {
 	struct roce_pkt p;
-	uint8_t ip[20], udp[8];
-	union ibv_gid dgid = { .raw = { [10] = 0xff, [11] = 0xff } };
+	uint8_t ip[40], udp[8];
+	size_t hl;
 	struct ursa_qp *qp;
 	struct ursa_uqp *u;
 	uint32_t f;
@@ -1273,8 +1362,8 @@ static void on_packet(uint8_t *buf, size_t len, uint32_t src, uint16_t sport,
 		return;
 	}
 	/* The ICRC first: a damaged packet tells nothing trustworthy. */
-	ip_udp(ip, udp, src, dst, sport, U.port, len, 0);
-	if (roce_icrc(ip, 20, udp, buf, len - 4) != roce_icrc_get(buf + len - 4)) {
+	hl = ip_udp(ip, udp, src, dst, sport, U.port, len, 0);
+	if (roce_icrc(ip, hl, udp, buf, len - 4) != roce_icrc_get(buf + len - 4)) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_icrc, 1);
 		return;
 	}
@@ -1282,8 +1371,7 @@ static void on_packet(uint8_t *buf, size_t len, uint32_t src, uint16_t sport,
 		atomic_fetch_add(&ursa_udp_cnt.drop_opcode, 1);
 		return;
 	}
-	memcpy(dgid.raw + 12, &dst, 4);
-	qp = ursa_loop_get(&dgid, p.dqpn);
+	qp = ursa_loop_get(dst, p.dqpn);
 	if (!qp) {
 		/* another process's QP? (never forward twice) */
 		if (!forwarded && forward(buf, len, p.dqpn, src, sport, dst)) {
@@ -1303,8 +1391,7 @@ static void on_packet(uint8_t *buf, size_t len, uint32_t src, uint16_t sport,
 	}
 	/* Connected QPs accept packets only from their peer's address. */
 	if (t != IBV_QPT_UD &&
-	    (!gid_is_v4(&qp->attr.ah_attr.grh.dgid) ||
-	     gid_v4(&qp->attr.ah_attr.grh.dgid) != src)) {
+	    memcmp(qp->attr.ah_attr.grh.dgid.raw, src->raw, 16)) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_src, 1);
 		goto out;
 	}
@@ -1330,18 +1417,17 @@ out:
 	ursa_loop_put(qp);
 }
 
-int ursa_udp_poll(void)
+/* Receive a batch from one socket; returns datagrams handled. */
+static int poll_sock(int fd, bool v6)
 {
 	enum { BATCH = 32 };
 	static uint8_t bufs[BATCH][MAX_PKT + 64];
-	static struct sockaddr_in from[BATCH];
-	static char cbuf[BATCH][CMSG_SPACE(sizeof(struct in_pktinfo))];
+	static struct sockaddr_storage from[BATCH];
+	static char cbuf[BATCH][CMSG_SPACE(sizeof(struct in6_pktinfo))];
 	struct mmsghdr mm[BATCH];
 	struct iovec iov[BATCH];
 	int n, total = 0;
 
-	if (U.fd < 0 || pthread_mutex_trylock(&U.rx))
-		return 0;
 	for (;;) {
 		for (int i = 0; i < BATCH; i++) {
 			iov[i].iov_base = bufs[i];
@@ -1354,46 +1440,82 @@ int ursa_udp_poll(void)
 			mm[i].msg_hdr.msg_control = cbuf[i];
 			mm[i].msg_hdr.msg_controllen = sizeof(cbuf[i]);
 		}
-		n = recvmmsg(U.fd, mm, BATCH, MSG_DONTWAIT, NULL);
+		n = recvmmsg(fd, mm, BATCH, MSG_DONTWAIT, NULL);
 		if (n <= 0)
 			break;
 		for (int i = 0; i < n; i++) {
-			uint32_t dst = 0;
+			addr_t src = { .raw = { 0 } }, dst = { .raw = { 0 } };
+			bool have_dst = false;
+			uint16_t sport;
 
 			for (struct cmsghdr *c = CMSG_FIRSTHDR(&mm[i].msg_hdr); c;
-			     c = CMSG_NXTHDR(&mm[i].msg_hdr, c))
-				if (c->cmsg_level == IPPROTO_IP &&
+			     c = CMSG_NXTHDR(&mm[i].msg_hdr, c)) {
+				if (!v6 && c->cmsg_level == IPPROTO_IP &&
 				    c->cmsg_type == IP_PKTINFO) {
 					struct in_pktinfo pi;
 
 					memcpy(&pi, CMSG_DATA(c), sizeof(pi));
-					dst = pi.ipi_addr.s_addr;
+					dst.raw[10] = dst.raw[11] = 0xff;
+					memcpy(dst.raw + 12, &pi.ipi_addr, 4);
+					have_dst = true;
+				} else if (v6 && c->cmsg_level == IPPROTO_IPV6 &&
+					   c->cmsg_type == IPV6_PKTINFO) {
+					struct in6_pktinfo pi;
+
+					memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+					memcpy(dst.raw, &pi.ipi6_addr, 16);
+					have_dst = true;
 				}
-			if ((mm[i].msg_hdr.msg_flags & MSG_TRUNC) || !dst) {
+			}
+			if (v6) {
+				struct sockaddr_in6 *a = (struct sockaddr_in6 *)&from[i];
+
+				memcpy(src.raw, &a->sin6_addr, 16);
+				sport = ntohs(a->sin6_port);
+			} else {
+				struct sockaddr_in *a = (struct sockaddr_in *)&from[i];
+
+				src.raw[10] = src.raw[11] = 0xff;
+				memcpy(src.raw + 12, &a->sin_addr, 4);
+				sport = ntohs(a->sin_port);
+			}
+			if ((mm[i].msg_hdr.msg_flags & MSG_TRUNC) || !have_dst) {
 				atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
 				continue;
 			}
-			on_packet(bufs[i], mm[i].msg_len, from[i].sin_addr.s_addr,
-				  ntohs(from[i].sin_port), dst, false);
+			on_packet(bufs[i], mm[i].msg_len, &src, sport, &dst, false);
 		}
 		total += n;
 		if (n < BATCH)
 			break;
 	}
+	return total;
+}
+
+int ursa_udp_poll(void)
+{
+	static uint8_t buf[MAX_PKT + 64 + sizeof(struct fwd_hdr)];
+	int total = 0;
+
+	if (U.fd < 0 || pthread_mutex_trylock(&U.rx))
+		return 0;
+	total += poll_sock(U.fd, false);
+	if (U.fd6 >= 0)
+		total += poll_sock(U.fd6, true);
 	/* packets other processes of this host forwarded to us */
 	for (;;) {
-		ssize_t r = U.fwd >= 0 ? recv(U.fwd, bufs[0], sizeof(bufs[0]), MSG_DONTWAIT) : -1;
+		ssize_t r = U.fwd >= 0 ? recv(U.fwd, buf, sizeof(buf), MSG_DONTWAIT) : -1;
 		struct fwd_hdr h;
 
 		if (r <= 0)
 			break;
 		if ((size_t)r < sizeof(h))
 			continue;
-		memcpy(&h, bufs[0], sizeof(h));
+		memcpy(&h, buf, sizeof(h));
 		if (h.magic != FWD_MAGIC)
 			continue;
-		on_packet(bufs[0] + sizeof(h), (size_t)r - sizeof(h), h.src,
-			  h.sport, h.dst, true);
+		on_packet(buf + sizeof(h), (size_t)r - sizeof(h), &h.src,
+			  h.sport, &h.dst, true);
 		total++;
 	}
 	pthread_mutex_unlock(&U.rx);

@@ -93,21 +93,22 @@ static void ep_open(struct ep *e, size_t len, const char *ip)
 	struct ibv_device **l = ibv_get_device_list(NULL);
 	struct ibv_qp_init_attr ia = { 0 };
 	struct ibv_port_attr pa;
-	struct in_addr want;
+	uint8_t want[16] = { [10] = 0xff, [11] = 0xff };
 
 	memset(e, 0, sizeof(*e));
 	if (!l || !l[0] || !(e->ctx = ibv_open_device(l[0])))
 		die("open device");
 	ibv_free_device_list(l);
-	/* the GID of our address on this host */
-	inet_pton(AF_INET, ip, &want);
+	/* the GID of our address on this host (IPv4 or IPv6) */
+	if (inet_pton(AF_INET6, ip, want) != 1 &&
+	    inet_pton(AF_INET, ip, want + 12) != 1)
+		die("parsing our address");
 	ibv_query_port(e->ctx, 1, &pa);
 	e->gid_index = -1;
 	for (int i = 0; i < pa.gid_tbl_len; i++) {
 		union ibv_gid g;
 
-		if (!ibv_query_gid(e->ctx, 1, i, &g) && !memcmp(g.raw + 12, &want, 4) &&
-		    g.raw[10] == 0xff)
+		if (!ibv_query_gid(e->ctx, 1, i, &g) && !memcmp(g.raw, want, 16))
 			e->gid_index = i;
 	}
 	if (e->gid_index < 0)
@@ -205,23 +206,24 @@ static void post(struct ep *e, enum ibv_wr_opcode op, uint64_t off,
 
 static int server(int port)
 {
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1, c;
+	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
+	int ls = socket(AF_INET6, SOCK_STREAM, 0), one = 1, zero = 0, c;
 	struct info me, peer;
 	struct ep e;
 	uint64_t cmd, sum;
 	char myip[64];
-	struct sockaddr_in la;
+	struct sockaddr_in6 la;
 	socklen_t ll = sizeof(la);
 
 	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	setsockopt(ls, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
 	if (bind(ls, (struct sockaddr *)&sa, sizeof(sa)) || listen(ls, 1))
 		die("listen");
 	c = accept(ls, NULL, NULL);
 	if (c < 0)
 		die("accept");
 	getsockname(c, (struct sockaddr *)&la, &ll);
-	inet_ntop(AF_INET, &la.sin_addr, myip, sizeof(myip));
+	inet_ntop(AF_INET6, &la.sin6_addr, myip, sizeof(myip));
 	xio(c, &peer, sizeof(peer), 0);
 	ep_open(&e, peer.len, myip);
 	info_of(&e, &me);
@@ -291,28 +293,31 @@ static void print_counters(void)
 
 static int client(const char *host, int port, size_t mib, int cut_check)
 {
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	int s = socket(AF_INET, SOCK_STREAM, 0), bad = 0;
+	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
+	int s = socket(AF_INET6, SOCK_STREAM, 0), bad = 0;
 	struct info me, peer;
 	struct ep e;
 	uint64_t cmd, want, got, seed = 0x1234567;
 	size_t len = mib << 20;
 	uint8_t *copy;
-	struct sockaddr_in la;
+	struct sockaddr_in6 la;
 	socklen_t ll = sizeof(la);
-	char myip[64];
+	char myip[64], h6[80];
 	double t0;
 
-	inet_pton(AF_INET, host, &sa.sin_addr);
+	/* IPv4 addresses as ::ffff:a.b.c.d on a dual-stack socket */
+	snprintf(h6, sizeof(h6), strchr(host, ':') ? "%s" : "::ffff:%s", host);
+	if (inet_pton(AF_INET6, h6, &sa.sin6_addr) != 1)
+		die("parsing the server address");
 	for (int i = 0; connect(s, (struct sockaddr *)&sa, sizeof(sa)); i++) {
 		if (i > 100)
 			die("connect");
 		usleep(50000);
 		close(s);
-		s = socket(AF_INET, SOCK_STREAM, 0);
+		s = socket(AF_INET6, SOCK_STREAM, 0);
 	}
 	getsockname(s, (struct sockaddr *)&la, &ll);
-	inet_ntop(AF_INET, &la.sin_addr, myip, sizeof(myip));
+	inet_ntop(AF_INET6, &la.sin6_addr, myip, sizeof(myip));
 	ep_open(&e, 2 * len, myip);
 	info_of(&e, &me);
 	me.len = len;

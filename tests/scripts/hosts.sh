@@ -59,7 +59,7 @@ xfer_pair() {
 	name=$1; shift
 	ip netns exec $H1 $RUN ${SRV_ENV:-} timeout 600 "$XFER" server 7100 >"$tmp/s" 2>&1 &
 	spid=$!
-	ip netns exec $H2 $RUN ${CLI_ENV:-} timeout 600 "$XFER" client $IP1 7100 "$@" >"$tmp/c" 2>&1
+	ip netns exec $H2 $RUN ${CLI_ENV:-} timeout 600 "$XFER" client ${XHOST:-$IP1} 7100 "$@" >"$tmp/c" 2>&1
 	crc=$?
 	wait $spid
 	cat "$tmp/c" | sed 's/^/    /'
@@ -69,6 +69,9 @@ xfer_pair() {
 F="loss=5,dup=1,reorder=1,corrupt=1"
 SRV_ENV="URSA_FAULT=$F,seed=11" CLI_ENV="URSA_FAULT=$F,seed=12" \
 	xfer_pair "RC $MIB MiB WRITE/READ/SEND under 5% loss, 1% dup, reorder, corruption" "$MIB"
+
+# 2a. over IPv6: RoCEv2 GIDs that are IPv6 addresses
+XHOST=$IP61 SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 8)) MiB over IPv6" "$((MIB / 8))"
 
 # 2b. two processes on each host at once: they share the RoCEv2 port
 ip netns exec $H1 $RUN timeout 300 "$XFER" server 7300 >"$tmp/s1" 2>&1 &

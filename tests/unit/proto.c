@@ -184,8 +184,9 @@ static int test_parse_refuses(void)
 	/* pad larger than the payload */
 	buf[1] = 0x30;
 	EXPECT_EQ(roce_parse(buf, 12 + 2 + 4, &p), -EBADMSG);
-	EXPECT_EQ(roce_parse(buf, 12 + 3 + 4, &p), 0);
-	EXPECT_EQ(p.paylen, 0);
+	EXPECT_EQ(roce_parse(buf, 12 + 3 + 4, &p), -EBADMSG); /* not word aligned */
+	EXPECT_EQ(roce_parse(buf, 12 + 4 + 4, &p), 0);
+	EXPECT_EQ(p.paylen, 1);
 	/* an ACK carries no payload */
 	buf[0] = 0x11;
 	buf[1] = 0;
