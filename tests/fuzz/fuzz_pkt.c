@@ -36,10 +36,11 @@ static int check(const uint8_t *data, size_t size)
 	if (n < 0)
 		return size > sizeof(out) ? 0 : -2;
 	/* equal up to masked fields (byte 4, resv7, DETH byte 4) and the
-	 * ICRC, which build leaves to the sender */
+	 * ICRC, which build leaves to the sender, and the pad */
 	if ((size_t)n != size)
 		return -3;
-	for (int i = 0; i < n - 4; i++) {
+	/* pad bytes carry no meaning (build writes zeros) */
+	for (int i = 0; i < n - 4 - p.padcnt; i++) {
 		if (i == 4 || i == 8)
 			continue;
 		if ((p.opcode & 0xe0) == 0x60 && i == 16)
