@@ -82,9 +82,16 @@ struct ursa_udp_stats {
 	/* injected on transmit (URSA_FAULT) */
 	uint64_t fault_lost, fault_dup, fault_corrupt, fault_reorder;
 	uint64_t forwarded;	/* handed to the process owning the QP */
+	uint64_t fault_delay;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);
+
+/* Inject faults into this process's RoCEv2 transmissions, as URSA_FAULT
+ * does: "loss=5,dup=1,reorder=1,corrupt=1,delay=2,delay_us=500,seed=7"
+ * (probabilities in percent; corrupt flips a bit the ICRC must catch;
+ * delay holds a packet back delay_us). NULL or "" turns faults off. */
+int ursa_fault_set(const char *spec);
 
 /* Set port 1 to IBV_PORT_ACTIVE or IBV_PORT_DOWN; every open context gets
  * IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR. For testing applications. */

@@ -65,6 +65,7 @@ const char *ursa_why_str(uint32_t code)
 		[URSA_WHY_FLUSH] = "flushed: the QP is in the error state",
 		[URSA_WHY_PEER_MEM] = "the requester's memory could not be read or written (peer gone or access denied)",
 		[URSA_WHY_PEER_DEAD] = "no answer: the peer process is gone",
+		[URSA_WHY_RD_ATOMIC] = "responder has no READ/atomic resources (max_dest_rd_atomic 0)",
 	};
 	static __thread char buf[160];
 	uint32_t c = code & ~(uint32_t)URSA_WHY_REMOTE;

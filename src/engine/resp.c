@@ -354,6 +354,13 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 	struct ursa_mem_ref ref = { 0 };
 	int e, err = 0;
 
+	/* IBTA 9.7.5.1.1: READ and atomics need responder resources */
+	if (tqp->ex.qp_base.qp_type == IBV_QPT_RC &&
+	    (r->opcode == IBV_WR_RDMA_READ || atomic) &&
+	    !tqp->attr.max_dest_rd_atomic) {
+		nak(tqp, resp, URSA_NAK_INV_REQ, URSA_WHY_RD_ATOMIC);
+		return;
+	}
 	if (!(tqp->attr.qp_access_flags & need)) {
 		nak(tqp, resp, URSA_NAK_ACCESS,
 		    URSA_WHY_QP_ACCESS);

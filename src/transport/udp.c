@@ -83,7 +83,8 @@ static struct {
 	uint16_t port;
 	FILE *pcap;
 	/* fault injection (URSA_FAULT): per-mille probabilities */
-	unsigned loss, dup, reorder, corrupt;
+	unsigned loss, dup, reorder, corrupt, delay;
+	uint64_t delay_ns;
 	uint64_t rng;
 	pthread_mutex_t fault_lock;
 	uint8_t held[MAX_PKT];	/* a packet held back for reordering */
@@ -91,9 +92,13 @@ static struct {
 	int held_fd;
 	struct sockaddr_storage held_to;
 	socklen_t held_tolen;
-} U = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, -1, -1, -1, false,
-	ROCE_UDP_PORT, NULL, 0, 0, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER,
-	{ 0 }, 0, -1, { 0 } };
+} U = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.rx = PTHREAD_MUTEX_INITIALIZER,
+	.fault_lock = PTHREAD_MUTEX_INITIALIZER,
+	.fd = -1, .fd6 = -1, .fwd = -1, .held_fd = -1,
+	.port = ROCE_UDP_PORT,
+};
 
 struct ursa_uqp {
 	pthread_mutex_t lock;
@@ -145,6 +150,28 @@ static unsigned pm(const char *spec, const char *key)
 	if (!p)
 		return 0;
 	return (unsigned)(strtod(p + strlen(key), NULL) * 10.0); /* % -> per mille */
+}
+
+int ursa_udp_fault(const char *s)
+{
+	const char *seed = s ? strstr(s, "seed=") : NULL;
+	const char *dus = s ? strstr(s, "delay_us=") : NULL;
+
+	pthread_mutex_lock(&U.fault_lock);
+	U.loss = s ? pm(s, "loss=") : 0;
+	U.dup = s ? pm(s, "dup=") : 0;
+	U.reorder = s ? pm(s, "reorder=") : 0;
+	U.corrupt = s ? pm(s, "corrupt=") : 0;
+	U.delay = s ? pm(s, "delay=") : 0;	/* "delay_us=" does not match */
+	U.delay_ns = (dus ? strtoull(dus + 9, NULL, 0) : 1000) * 1000ull;
+	U.rng = seed ? strtoull(seed + 5, NULL, 0) : 1;
+	if (!U.rng)
+		U.rng = 1;
+	pthread_mutex_unlock(&U.fault_lock);
+	ursa_info("fault injection: loss %u/1000, dup %u, reorder %u, corrupt %u, delay %u (%llu us), seed %s",
+		  U.loss, U.dup, U.reorder, U.corrupt, U.delay,
+		  (unsigned long long)(U.delay_ns / 1000), seed ? seed + 5 : "1");
+	return 0;
 }
 
 static void pcap_open(const char *path)
@@ -382,19 +409,8 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 		U.tried = true;
 		U.port = (uint16_t)ursa_env_long("URSA_UDP_PORT", ROCE_UDP_PORT, 1, 65535);
 		s = getenv("URSA_FAULT");
-		if (s && *s) {
-			const char *seed = strstr(s, "seed=");
-
-			U.loss = pm(s, "loss=");
-			U.dup = pm(s, "dup=");
-			U.reorder = pm(s, "reorder=");
-			U.corrupt = pm(s, "corrupt=");
-			U.rng = seed ? strtoull(seed + 5, NULL, 0) : 1;
-			if (!U.rng)
-				U.rng = 1;
-			ursa_info("fault injection: loss %u/1000, dup %u, reorder %u, corrupt %u, seed %s",
-				  U.loss, U.dup, U.reorder, U.corrupt, seed ? seed + 5 : "1");
-		}
+		if (s && *s)
+			ursa_udp_fault(s);
 		s = getenv("URSA_PCAP");
 		if (s && *s)
 			pcap_open(s);
@@ -492,6 +508,36 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 	txb.mm[i].msg_hdr.msg_namelen = tolen;
 }
 
+/* Packets held back by the delay fault, sent by a later engine pass. */
+#define DELAYQ 256
+static struct {
+	uint64_t due;
+	int fd;
+	size_t len;
+	socklen_t tolen;
+	struct sockaddr_storage to;
+	uint8_t buf[MAX_PKT];
+} delayq[DELAYQ];
+static unsigned delay_n;
+
+static void delay_flush(uint64_t now, bool all)
+{
+	unsigned k = 0;
+
+	pthread_mutex_lock(&U.fault_lock);
+	for (unsigned i = 0; i < delay_n; i++) {
+		if (all || delayq[i].due <= now)
+			sendto(delayq[i].fd, delayq[i].buf, delayq[i].len, 0,
+			       (struct sockaddr *)&delayq[i].to, delayq[i].tolen);
+		else if (k != i)
+			delayq[k++] = delayq[i];
+		else
+			k++;
+	}
+	delay_n = k;
+	pthread_mutex_unlock(&U.fault_lock);
+}
+
 /* Send one transport packet (ib, len without ICRC room filled) from the
  * QP's socket; computes the ICRC; applies injected faults. */
 static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
@@ -524,6 +570,20 @@ static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 			atomic_fetch_add(&ursa_udp_cnt.fault_corrupt, 1);
 		}
 		dup = rnd() % 1000 < U.dup;
+		if (U.delay && rnd() % 1000 < U.delay && delay_n < DELAYQ &&
+		    len <= MAX_PKT) {
+			/* sent by an engine pass after delay_us */
+			delayq[delay_n].due = ursa_now_ns() + U.delay_ns;
+			delayq[delay_n].fd = fd;
+			delayq[delay_n].len = len;
+			delayq[delay_n].to = to;
+			delayq[delay_n].tolen = tolen;
+			memcpy(delayq[delay_n].buf, ib, len);
+			delay_n++;
+			atomic_fetch_add(&ursa_udp_cnt.fault_delay, 1);
+			pthread_mutex_unlock(&U.fault_lock);
+			return;
+		}
 		if (!U.held_len && rnd() % 1000 < U.reorder && len <= MAX_PKT) {
 			/* hold this one back until after the next packet */
 			memcpy(U.held, ib, len);
@@ -1497,6 +1557,8 @@ int ursa_udp_poll(void)
 	static uint8_t buf[MAX_PKT + 64 + sizeof(struct fwd_hdr)];
 	int total = 0;
 
+	if (delay_n)
+		delay_flush(ursa_now_ns(), false);
 	if (U.fd < 0 || pthread_mutex_trylock(&U.rx))
 		return 0;
 	total += poll_sock(U.fd, false);

@@ -30,6 +30,9 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx);
 /* Receive and process what is waiting; returns packets handled. */
 int ursa_udp_poll(void);
 int ursa_udp_fd(void);
+/* Fault injection on transmit: "loss=P,dup=P,reorder=P,corrupt=P,delay=P,
+ * delay_us=N,seed=S" (P in percent); NULL turns it off. */
+int ursa_udp_fault(const char *spec);
 
 int ursa_uqp_init(struct ursa_qp *qp);
 void ursa_uqp_fini(struct ursa_qp *qp);
@@ -53,6 +56,7 @@ struct ursa_udp_counters {
 	atomic_uint_fast64_t fault_lost, fault_dup, fault_corrupt,
 		fault_reorder;
 	atomic_uint_fast64_t forwarded;	/* to another process of the host */
+	atomic_uint_fast64_t fault_delay;
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

@@ -146,7 +146,7 @@ EXPORT int ursa_udp_stats(struct ursa_udp_stats *st)
 	C(naks_sent); C(naks_rcvd); C(rnr_naks); C(drop_short); C(drop_opcode);
 	C(drop_icrc); C(drop_qpn); C(drop_src); C(drop_psn); C(drop_state);
 	C(dup); C(fault_lost); C(fault_dup); C(fault_corrupt); C(fault_reorder);
-	C(forwarded);
+	C(forwarded); C(fault_delay);
 #undef C
 	return 0;
 }
@@ -185,6 +185,11 @@ void ursa_stats_exit(void)
 		u.retransmits, u.naks_sent, u.naks_rcvd, u.rnr_naks, u.drop_short,
 		u.drop_opcode, u.drop_icrc, u.drop_qpn, u.drop_src, u.drop_psn,
 		u.drop_state, u.dup, u.forwarded);
+}
+
+EXPORT int ursa_fault_set(const char *spec)
+{
+	return ursa_udp_fault(spec && *spec ? spec : NULL);
 }
 
 EXPORT const char *ursa_vendor_err_str(uint32_t vendor_err)

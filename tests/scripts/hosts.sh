@@ -66,9 +66,9 @@ xfer_pair() {
 	if [ $crc = 0 ] && [ "$(grep -c '^ok ' "$tmp/c")" -ge 3 ]; then ok "$name"
 	else bad "$name" "exit $crc"; fi
 }
-F="loss=5,dup=1,reorder=1,corrupt=1"
+F="loss=5,dup=1,reorder=1,corrupt=1,delay=1,delay_us=300"
 SRV_ENV="URSA_FAULT=$F,seed=11" CLI_ENV="URSA_FAULT=$F,seed=12" \
-	xfer_pair "RC $MIB MiB WRITE/READ/SEND under 5% loss, 1% dup, reorder, corruption" "$MIB"
+	xfer_pair "RC $MIB MiB WRITE/READ/SEND under 5% loss, 1% dup, reorder, corruption, delay" "$MIB"
 
 # 2a. over IPv6: RoCEv2 GIDs that are IPv6 addresses
 XHOST=$IP61 SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 8)) MiB over IPv6" "$((MIB / 8))"
@@ -95,7 +95,7 @@ fi
 # 3. loss made outside ursa, on the router (iptables statistic match)
 if ip netns exec $R iptables -A FORWARD -p udp --dport 4791 -m statistic \
 	--mode random --probability 0.05 -j DROP 2>/dev/null; then
-	SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 4)) MiB under 5% loss on the router" "$((MIB / 4))"
+	SRV_ENV= CLI_ENV= xfer_pair "RC $MIB MiB under 5% loss on the router" "$MIB"
 	ip netns exec $R iptables -F FORWARD
 else
 	skp "router loss" "iptables not available"
