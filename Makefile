@@ -68,12 +68,18 @@ $(BUILD)/bin/ursa: tools/ursa.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) -libverbs
 
-tests: $(UNIT_BIN) $(FUNC_BIN) $(BUILD)/tests/xfer $(BUILD)/tests/fuzz_pkt
+tests: $(UNIT_BIN) $(FUNC_BIN) $(BUILD)/tests/xfer $(BUILD)/tests/fuzz_pkt \
+	$(BUILD)/tests/fuzz_resp
 
 # Fuzz targets: a corpus replayer (make test), or libFuzzer (make fuzz).
 $(BUILD)/tests/fuzz_pkt: tests/fuzz/fuzz_pkt.c src/proto/roce.c src/proto/roce.h
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) tests/fuzz/fuzz_pkt.c src/proto/roce.c -o $@ $(LDFLAGS)
+
+# The responder target links the library's objects directly.
+$(BUILD)/tests/fuzz_resp: tests/fuzz/fuzz_resp.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(APP_CFLAGS) tests/fuzz/fuzz_resp.c $(LIB_OBJ) -o $@ $(LDFLAGS)
 
 FUZZ_SECONDS ?= 60
 fuzz:
@@ -82,6 +88,11 @@ fuzz:
 		tests/fuzz/fuzz_pkt.c src/proto/roce.c -o build/fuzz/fuzz_pkt
 	mkdir -p build/fuzz/corpus && cp tests/fuzz/corpus/pkt/* build/fuzz/corpus/
 	build/fuzz/fuzz_pkt -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -DURSA_LIBFUZZER \
+		-D_GNU_SOURCE -pthread tests/fuzz/fuzz_resp.c $(LIB_SRC) \
+		-o build/fuzz/fuzz_resp
+	mkdir -p build/fuzz/corpus_resp && cp tests/fuzz/corpus/resp/* build/fuzz/corpus_resp/
+	build/fuzz/fuzz_resp -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus_resp
 
 $(BUILD)/tests/xfer: tests/hosts/xfer.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)

@@ -10,6 +10,7 @@ for t in "$BUILD"/tests/unit_* "$BUILD"/tests/fuzz_* "$BUILD"/tests/func_* tests
 	case "$t" in
 	*.sh) cmd="sh $t";;
 	*/fuzz_pkt) cmd="$t tests/fuzz/corpus/pkt";;
+	*/fuzz_resp) cmd="$t tests/fuzz/corpus/resp";;
 	*) cmd="$t";;
 	esac
 	echo "== $t"

@@ -1477,6 +1477,27 @@ out:
 	ursa_loop_put(qp);
 }
 
+/* For the responder fuzz target: hand one datagram to the receive path, as
+ * if it had arrived from src:sport for dst. */
+void ursa_udp_inject(uint8_t *buf, size_t len, const union ibv_gid *src,
+		     uint16_t sport, const union ibv_gid *dst)
+{
+	pthread_mutex_lock(&U.rx);
+	on_packet(buf, len, src, sport, dst, true);
+	pthread_mutex_unlock(&U.rx);
+	udp_flush();
+}
+
+uint32_t ursa_udp_epsn(struct ursa_qp *qp)
+{
+	return qp->udp ? qp->udp->epsn : 0;
+}
+
+uint16_t ursa_udp_port(void)
+{
+	return U.port;
+}
+
 /* Receive a batch from one socket; returns datagrams handled. */
 static int poll_sock(int fd, bool v6)
 {

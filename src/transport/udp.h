@@ -48,6 +48,12 @@ bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
 /* Release what an unfinished message holds (QP reset, flush). */
 void ursa_udp_abort(struct ursa_qp *qp);
 
+/* Test hooks (fuzz target). */
+void ursa_udp_inject(uint8_t *buf, size_t len, const union ibv_gid *src,
+		     uint16_t sport, const union ibv_gid *dst);
+uint32_t ursa_udp_epsn(struct ursa_qp *qp);
+uint16_t ursa_udp_port(void);
+
 struct ursa_udp_counters {
 	atomic_uint_fast64_t tx_pkts, rx_pkts, tx_bytes, rx_bytes;
 	atomic_uint_fast64_t retransmits, naks_sent, naks_rcvd, rnr_naks;
