@@ -58,6 +58,10 @@ struct ursa_qp_stats {
 	 * is not permitted); by cross-memory attach, one copy straight
 	 * between the two MRs */
 	uint64_t loop_bytes, ring_bytes, cma_bytes;
+	/* RoCEv2: packets, NAKs received by kind, packets refused */
+	uint64_t pkts_tx, pkts_rx;
+	uint64_t naks_seq, naks_inv, naks_access, naks_op, rnr_rcvd;
+	uint64_t drops;
 };
 
 int ursa_qp_stats(struct ibv_qp *qp, struct ursa_qp_stats *st);

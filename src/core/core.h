@@ -220,6 +220,9 @@ struct ursa_qp_counters {
 	/* requester bytes by path: same process, shared-memory slots,
 	 * cross-memory attach (one copy between the MRs) */
 	atomic_uint_fast64_t loop_bytes, ring_bytes, cma_bytes;
+	/* RoCEv2 (transport/udp.c) */
+	atomic_uint_fast64_t pkts_tx, pkts_rx, naks_seq, naks_inv, naks_access,
+		naks_op, rnr_rcvd, drops;
 };
 
 struct ursa_qp {

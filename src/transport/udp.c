@@ -102,6 +102,7 @@ static struct {
 
 struct ursa_uqp {
 	pthread_mutex_t lock;
+	struct ursa_qp *qp;
 	int txfd, txfd6;
 	uint16_t sport;
 	uint32_t next_psn;	/* requester: PSN of the next new message */
@@ -553,6 +554,7 @@ static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 	if (fd < 0 || is_v4(src) != is_v4(dst))
 		return;
 	hl = ip_udp(ip, udp, src, dst, u->sport, U.port, len, ttl);
+	atomic_fetch_add(&u->qp->cnt.pkts_tx, 1);
 	roce_icrc_put(ib + len - 4, roce_icrc(ip, hl, udp, ib, len - 4));
 	capture(src, dst, u->sport, U.port, ib, len);
 	atomic_fetch_add(&ursa_udp_cnt.tx_pkts, 1);
@@ -625,6 +627,7 @@ int ursa_uqp_init(struct ursa_qp *qp)
 	if (!u)
 		return -ENOMEM;
 	pthread_mutex_init(&u->lock, NULL);
+	u->qp = qp;
 	/* rxe's choice of source port: 0xC000 + a hash of the QPN */
 	u->sport = (uint16_t)(0xc000 | (((qpn * 0x61c88647u) >> 18) & 0x3fff));
 	u->txfd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -1009,6 +1012,11 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 
 		u->m.nak = 0;
 		atomic_fetch_add(&ursa_udp_cnt.naks_rcvd, 1);
+		atomic_fetch_add((syn & AETH_TYPE_MASK) == AETH_RNR ? &qp->cnt.rnr_rcvd :
+				 syn == AETH_NAK_PSN ? &qp->cnt.naks_seq :
+				 syn == AETH_NAK_ACCESS ? &qp->cnt.naks_access :
+				 syn == AETH_NAK_OP ? &qp->cnt.naks_op :
+						      &qp->cnt.naks_inv, 1);
 		if ((syn & AETH_TYPE_MASK) == AETH_RNR) {
 			/* resend from the refused packet after the timer */
 			if (idx < u->m.npkts && !u->m.is_read)
@@ -1254,6 +1262,7 @@ static void on_request(struct ursa_qp *qp, struct ursa_uqp *u,
 		if (d > 0) {
 			/* a gap: one NAK per gap (IBTA 9.7.5.1.1) */
 			atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+			atomic_fetch_add(&qp->cnt.drops, 1);
 			if (!u->nak_sent) {
 				u->nak_sent = true;
 				send_ack(qp, u, peer, me, OP_ACK, AETH_NAK_PSN, u->epsn, 0);
@@ -1443,6 +1452,7 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	}
 	u = qp->udp;
 	t = qp->ex.qp_base.qp_type;
+	atomic_fetch_add(&qp->cnt.pkts_rx, 1);
 	f = roce_opcode_flags(p.opcode);
 	if (!u || (p.opcode & 0xe0) != (t == IBV_QPT_RC ? ROCE_RC :
 					t == IBV_QPT_UC ? ROCE_UC : ROCE_UD)) {
@@ -1453,6 +1463,7 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	if (t != IBV_QPT_UD &&
 	    memcmp(qp->attr.ah_attr.grh.dgid.raw, src->raw, 16)) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_src, 1);
+		atomic_fetch_add(&qp->cnt.drops, 1);
 		goto out;
 	}
 	pthread_mutex_lock(&u->lock);
@@ -1468,6 +1479,7 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		}
 	} else if (!can_receive(qp_state(qp))) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
+		atomic_fetch_add(&qp->cnt.drops, 1);
 	} else {
 		on_request(qp, u, &p, dst, src);
 	}
