@@ -64,9 +64,12 @@ $(BUILD)/lib/libibverbs.so: $(LIB)
 APP_CFLAGS := $(filter-out -fvisibility=hidden,$(CFLAGS)) -Iinclude
 APP_LDFLAGS := $(LDFLAGS) -L$(BUILD)/lib -Wl,-rpath-link,$(BUILD)/lib
 
+# The ursa command finds ursa's library next to itself (build tree:
+# ../lib, installed: ../lib/ursa), never the system's libibverbs.
 $(BUILD)/bin/ursa: tools/ursa.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
-	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) -libverbs
+	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) \
+		-Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/../lib/ursa' -libverbs
 
 tests: $(UNIT_BIN) $(FUNC_BIN) $(BUILD)/tests/xfer $(BUILD)/tests/fuzz_pkt \
 	$(BUILD)/tests/fuzz_resp

@@ -441,7 +441,7 @@ static int cmd_mr(int argc, char **argv)
 
 static int cmd_run(int argc, char **argv)
 {
-	char self[PATH_MAX], lib[PATH_MAX + 16], env[2 * PATH_MAX];
+	char self[PATH_MAX], lib[PATH_MAX + 64], env[2 * PATH_MAX + 128];
 	const char *old = getenv("LD_LIBRARY_PATH");
 	ssize_t n;
 	char *slash;
@@ -463,9 +463,11 @@ static int cmd_run(int argc, char **argv)
 	slash = strrchr(self, '/');
 	if (slash)
 		*slash = '\0';
-	snprintf(lib, sizeof(lib), "%s/../lib", self);
+	snprintf(lib, sizeof(lib), "%s/../lib/libibverbs.so.1", self);
 	if (access(lib, F_OK))
 		snprintf(lib, sizeof(lib), "%s/../lib/ursa", self);
+	else
+		snprintf(lib, sizeof(lib), "%s/../lib", self);
 	snprintf(env, sizeof(env), "%s%s%s", lib, old && *old ? ":" : "",
 		 old ? old : "");
 	setenv("LD_LIBRARY_PATH", env, 1);

@@ -76,5 +76,16 @@ echo "$out" | grep -q "translation table: 16 entries" && ok ursa_mr || bad ursa_
 LD_LIBRARY_PATH="$LIB" "$BUILD/bin/ursa" bogus >/dev/null 2>&1; rc=$?
 [ $rc = 2 ] && ok ursa_usage_exit2 || bad ursa_usage_exit2 "rc=$rc"
 
+# 5. make install puts the library set in a prefix of its own, and the
+#    installed ursa command finds it
+if make -s install PREFIX="$tmp/prefix" BUILD="$BUILD" >/dev/null 2>&1 &&
+   [ -e "$tmp/prefix/lib/ursa/libibverbs.so.1" ] && [ -e "$tmp/prefix/lib/ursa/libmlx5.so.1" ] &&
+   [ -e "$tmp/prefix/lib/ursa/libefa.so.1" ] &&
+   { [ -n "$asan" ] || "$tmp/prefix/bin/ursa" run -- ibv_devices 2>&1 | grep -q ursa0; }; then
+	ok make_install
+else
+	bad make_install "installed set incomplete or not found by ursa run"
+fi
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail = 0 ]
