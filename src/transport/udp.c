@@ -1132,6 +1132,13 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 		atomic_fetch_add(&ursa_udp_cnt.dup, 1);
 		return;
 	}
+	/* Any answer, even a stale one, shows the responder is still
+	 * sending: hold the early retransmission back until the answers
+	 * stop. Otherwise a requester slower than its RTO at draining its
+	 * socket asks again and again, each request adds a window of
+	 * duplicates, and no answer to the newest request gets through
+	 * (congestion collapse). Only progress moves the ACK timeout. */
+	u->m.rto = after(ursa_now_ns(), rto_ns(qp));
 	idx = (p->psn - u->m.first) & 0xffffff;
 	if (f & P_READ) {
 		uint64_t off = (uint64_t)idx * u->m.mtu;
