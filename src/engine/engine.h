@@ -164,6 +164,10 @@ int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);
  * time its head WQE becomes due otherwise. */
 bool ursa_req_pending(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);
 
+/* The entries of sg covering [off, off + len) into out (at most n);
+ * returns how many. */
+uint32_t ursa_sg_slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
+		       uint64_t len, struct ursa_sg *out);
 /* Copy len bytes from src to dst lists; the last byte is stored last with
  * release ordering, so a reader spinning on it sees the whole message. */
 void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,

@@ -91,6 +91,25 @@ uint64_t ursa_ack_timeout_ns(uint8_t code)
 	return 4096ull << MIN(code, 31);
 }
 
+uint32_t ursa_sg_slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
+		       uint64_t len, struct ursa_sg *out)
+{
+	uint32_t k = 0;
+
+	for (uint32_t i = 0; i < n && len; i++) {
+		if (off >= sg[i].len) {
+			off -= sg[i].len;
+			continue;
+		}
+		out[k].va = sg[i].va + off;
+		out[k].len = MIN(sg[i].len - off, len);
+		len -= out[k].len;
+		off = 0;
+		k++;
+	}
+	return k;
+}
+
 void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
 		  const struct ursa_sg *src, uint32_t nsrc, uint64_t len)
 {

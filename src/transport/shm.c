@@ -485,26 +485,6 @@ void ursa_shm_qp_close(struct ursa_qp *qp)
 	}
 }
 
-/* Sub-list of sg covering [off, off + len). */
-static uint32_t sg_slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
-			 uint64_t len, struct ursa_sg *out)
-{
-	uint32_t k = 0;
-
-	for (uint32_t i = 0; i < n && len; i++) {
-		if (off >= sg[i].len) {
-			off -= sg[i].len;
-			continue;
-		}
-		out[k].va = sg[i].va + off;
-		out[k].len = MIN(sg[i].len - off, len);
-		len -= out[k].len;
-		off = 0;
-		k++;
-	}
-	return k;
-}
-
 static uint64_t ack_timeout(struct ursa_qp *qp)
 {
 	/* UC and UD have no ACK timeout; bound the wait for the target's
@@ -564,7 +544,7 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 			  (off + flen == total ? URSA_FRAG_LAST : 0);
 		if (!rd && flen) {
 			struct ursa_sg d = { (uintptr_t)q->data, flen };
-			uint32_t k = sg_slice(r->src, r->nsrc, off, flen, part);
+			uint32_t k = ursa_sg_slice(r->src, r->nsrc, off, flen, part);
 
 			ursa_sg_copy(&d, 1, part, k, flen);
 			q->inline_len = (uint32_t)flen;
@@ -579,7 +559,7 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 		flen = total;
 		q->frag = URSA_FRAG_ONLY;
 		q->flags |= WF_CMA;
-		q->nsg = sg_slice(l, n, 0, total, part);
+		q->nsg = ursa_sg_slice(l, n, 0, total, part);
 		for (uint32_t i = 0; i < q->nsg; i++) {
 			q->sg[i].va = part[i].va;
 			q->sg[i].len = part[i].len;
@@ -692,7 +672,7 @@ answered:
 		uint64_t n = MIN((uint64_t)p->inline_len, r->msg_len - w->xfer_off);
 		struct ursa_sg part[URSA_MAX_SGE];
 		struct ursa_sg s = { (uintptr_t)p->data, n };
-		uint32_t k = sg_slice(r->dst, r->ndst, w->xfer_off, n, part);
+		uint32_t k = ursa_sg_slice(r->dst, r->ndst, w->xfer_off, n, part);
 
 		ursa_sg_copy(part, k, &s, 1, n);
 	}

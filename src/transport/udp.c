@@ -791,25 +791,6 @@ static uint8_t req_opcode(uint32_t op, bool first, bool last, bool imm_inv)
 	}
 }
 
-static uint32_t slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
-		      uint64_t len, struct ursa_sg *out)
-{
-	uint32_t k = 0;
-
-	for (uint32_t i = 0; i < n && len; i++) {
-		if (off >= sg[i].len) {
-			off -= sg[i].len;
-			continue;
-		}
-		out[k].va = sg[i].va + off;
-		out[k].len = MIN(sg[i].len - off, len);
-		len -= out[k].len;
-		off = 0;
-		k++;
-	}
-	return k;
-}
-
 /* Send packet k of the message. */
 static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 			  const struct ursa_req *r, const struct ursa_send_wqe *w,
@@ -827,7 +808,7 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	if (r->msg_len == 0)
 		len = 0;
 	if (len)
-		ursa_sg_copy(&d, 1, part, slice(r->src, r->nsrc, off, len, part), len);
+		ursa_sg_copy(&d, 1, part, ursa_sg_slice(r->src, r->nsrc, off, len, part), len);
 	p.opcode = (uint8_t)(transport_bits(qp) | req_opcode(r->opcode, first, last, false));
 	p.pkey = ROCE_DEFAULT_PKEY;
 	p.dqpn = ud ? w->remote_qpn : qp->attr.dest_qp_num;
