@@ -87,6 +87,8 @@ struct ursa_udp_stats {
 	uint64_t fault_lost, fault_dup, fault_corrupt, fault_reorder;
 	uint64_t forwarded;	/* handed to the process owning the QP */
 	uint64_t fault_delay;
+	uint64_t drop_fwd;	/* for another process of the host, whose
+				 * connection was full (it was behind) */
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

@@ -79,6 +79,7 @@ static struct {
 	int fd, fd6;		/* IPv4 and IPv6 receive sockets */
 	int fwd;		/* "@ursa/udp/<pid>": packets other processes
 				 * of this host received for our QPs */
+	int fwd_ep;		/* epoll set: fwd and its connections */
 	bool tried;
 	uint16_t port;
 	FILE *pcap;
@@ -96,7 +97,7 @@ static struct {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.rx = PTHREAD_MUTEX_INITIALIZER,
 	.fault_lock = PTHREAD_MUTEX_INITIALIZER,
-	.fd = -1, .fd6 = -1, .fwd = -1, .held_fd = -1,
+	.fd = -1, .fd6 = -1, .fwd = -1, .fwd_ep = -1, .held_fd = -1,
 	.port = ROCE_UDP_PORT,
 };
 
@@ -106,6 +107,8 @@ struct ursa_uqp {
 	int txfd, txfd6;
 	uint16_t sport;
 	uint32_t next_psn;	/* requester: PSN of the next new message */
+	uint64_t srtt, rttvar;	/* round-trip estimate, ns (0: none yet) */
+	unsigned backoff;	/* early retransmissions with no progress */
 	/* requester: the message in flight (the head WQE) */
 	struct {
 		bool active, done, is_read;
@@ -121,6 +124,10 @@ struct ursa_uqp {
 		bool resend_read;
 		bool progress;	/* acknowledged something since last look */
 		uint32_t rerequested;	/* READ: re-asked from this packet */
+		uint32_t hiwat;	/* packets ever sent (beyond: first sends) */
+		bool timing;	/* one packet's round trip being timed */
+		uint32_t t_idx;
+		uint64_t t_sent;
 		struct ursa_sg dst[URSA_MAX_SGE];
 		uint32_t ndst;
 	} m;
@@ -285,8 +292,17 @@ static void capture(const addr_t *src, const addr_t *dst, uint16_t sport,
  * not be the process that owns the destination QP. That process is found
  * through the QP's registry socket "@ursa/qp/<qpn>" (transport/shm.c): a
  * connect() to it is answered by the kernel, and SO_PEERCRED names the
- * listener's pid. The packet then goes to "@ursa/udp/<pid>" with the
- * addresses it arrived with; the owner checks it like any other packet.
+ * listener's pid. The packet then goes, with the addresses it arrived
+ * with, over a SOCK_SEQPACKET connection to that process's listener
+ * "@ursa/udp/<pid>"; the owner checks it like any other packet.
+ *
+ * Why connections and not one datagram socket: an unconnected AF_UNIX
+ * datagram socket queues at most net.unix.max_dgram_qlen (10) datagrams
+ * from other sockets, so a burst of a window's packets for a busy owner
+ * was mostly dropped, and the go-back-N that followed made it worse. A
+ * connection is bounded by bytes (the sender's SO_SNDBUF) instead.
+ * Incoming connections live in an epoll set of their own (U.fwd_ep),
+ * which every engine watches as one descriptor.
  */
 struct fwd_hdr {
 	uint32_t magic;
@@ -294,6 +310,13 @@ struct fwd_hdr {
 	addr_t src, dst;
 };
 #define FWD_MAGIC 0x55524657u /* "URFW" */
+#define FWD_OUT 16		/* connections kept to other processes */
+
+static struct {
+	pid_t pid;
+	int fd;
+} fwd_out[FWD_OUT];		/* guarded by U.rx (the receiving thread) */
+static unsigned fwd_next;
 
 static void fwd_name(struct sockaddr_un *sa, socklen_t *len, pid_t pid)
 {
@@ -306,21 +329,27 @@ static void fwd_name(struct sockaddr_un *sa, socklen_t *len, pid_t pid)
 	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
+/* The listener and the epoll set that holds it and what it accepts. */
 static int fwd_open(void)
 {
 	struct sockaddr_un sa;
 	socklen_t len;
-	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	int big = 8 << 20;
+	struct epoll_event ev = { .events = EPOLLIN };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 
 	if (fd < 0)
 		return -1;
 	fwd_name(&sa, &len, getpid());
-	if (bind(fd, (struct sockaddr *)&sa, len)) {
+	U.fwd_ep = epoll_create1(EPOLL_CLOEXEC);
+	ev.data.fd = fd;
+	if (U.fwd_ep < 0 || bind(fd, (struct sockaddr *)&sa, len) ||
+	    listen(fd, 64) || epoll_ctl(U.fwd_ep, EPOLL_CTL_ADD, fd, &ev)) {
 		close(fd);
+		if (U.fwd_ep >= 0)
+			close(U.fwd_ep);
+		U.fwd_ep = -1;
 		return -1;
 	}
-	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
 	return fd;
 }
 
@@ -355,20 +384,127 @@ static pid_t qpn_owner(uint32_t qpn)
 	return cr.pid;
 }
 
+/* The connection to pid's listener, made on first use; -1 if none. */
+static int fwd_conn(pid_t pid)
+{
+	struct sockaddr_un sa;
+	socklen_t len;
+	int fd, big = 4 << 20;
+	unsigned i;
+
+	for (i = 0; i < FWD_OUT; i++)
+		if (fwd_out[i].fd > 0 && fwd_out[i].pid == pid)
+			return fwd_out[i].fd;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	fwd_name(&sa, &len, pid);
+	/* blocking connect: answered at once by the kernel (or refused) */
+	if (connect(fd, (struct sockaddr *)&sa, len)) {
+		close(fd);
+		return -1;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	i = fwd_next++ % FWD_OUT;
+	if (fwd_out[i].fd > 0)
+		close(fwd_out[i].fd);
+	fwd_out[i].pid = pid;
+	fwd_out[i].fd = fd;
+	return fd;
+}
+
+static void fwd_forget(int fd)
+{
+	for (unsigned i = 0; i < FWD_OUT; i++)
+		if (fwd_out[i].fd == fd) {
+			close(fd);
+			fwd_out[i].fd = 0;
+		}
+}
+
+/* Hand a packet to the process owning dqpn. False: not another process's
+ * QP; true: forwarded, or dropped and counted (the owner is behind). */
 static bool forward(const uint8_t *buf, size_t len, uint32_t dqpn,
 		    const addr_t *src, uint16_t sport, const addr_t *dst)
 {
 	struct fwd_hdr h = { FWD_MAGIC, sport, 0, *src, *dst };
 	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)buf, len } };
-	struct sockaddr_un sa;
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
 	pid_t pid = qpn_owner(dqpn);
+	int fd;
 
 	if (!pid || pid == getpid() || U.fwd < 0)
 		return false;
-	fwd_name(&sa, &mh.msg_namelen, pid);
-	mh.msg_name = &sa;
-	return sendmsg(U.fwd, &mh, MSG_DONTWAIT) == (ssize_t)(sizeof(h) + len);
+	for (int attempt = 0; attempt < 2; attempt++) {
+		fd = fwd_conn(pid);
+		if (fd < 0)
+			return false;
+		if (sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) ==
+		    (ssize_t)(sizeof(h) + len)) {
+			atomic_fetch_add(&ursa_udp_cnt.forwarded, 1);
+			return true;
+		}
+		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
+			atomic_fetch_add(&ursa_udp_cnt.drop_fwd, 1);
+			return true;
+		}
+		fwd_forget(fd);	/* the owner went away: try a new connection */
+	}
+	return false;
+}
+
+static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
+		      uint16_t sport, const addr_t *dst, bool forwarded);
+
+/* Receive what other processes forwarded to us (under U.rx). */
+static int fwd_poll(void)
+{
+	static uint8_t buf[MAX_PKT + 64 + sizeof(struct fwd_hdr)];
+	struct epoll_event ev[16];
+	int n, total = 0;
+
+	if (U.fwd_ep < 0)
+		return 0;
+	n = epoll_wait(U.fwd_ep, ev, 16, 0);
+	for (int i = 0; i < n; i++) {
+		int fd = ev[i].data.fd;
+
+		if (fd == U.fwd) {
+			int c;
+
+			while ((c = accept4(U.fwd, NULL, NULL,
+					    SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+				struct epoll_event e = { .events = EPOLLIN,
+							 .data.fd = c };
+
+				if (epoll_ctl(U.fwd_ep, EPOLL_CTL_ADD, c, &e))
+					close(c);
+			}
+			continue;
+		}
+		for (int k = 0; k < 64; k++) {
+			ssize_t r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+			struct fwd_hdr h;
+
+			if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+				/* the sender is gone */
+				epoll_ctl(U.fwd_ep, EPOLL_CTL_DEL, fd, NULL);
+				close(fd);
+				break;
+			}
+			if (r < 0)
+				break;
+			if ((size_t)r < sizeof(h))
+				continue;
+			memcpy(&h, buf, sizeof(h));
+			if (h.magic != FWD_MAGIC)
+				continue;
+			on_packet(buf + sizeof(h), (size_t)r - sizeof(h), &h.src,
+				  h.sport, &h.dst, true);
+			total++;
+		}
+	}
+	return total;
 }
 
 /* The IPv6 receive socket (IPv6 only: IPv4 has its own). */
@@ -440,8 +576,8 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 	pthread_mutex_unlock(&U.lock);
 	if (U.fd >= 0 && ctx->eng)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd, &ev);
-	if (U.fwd >= 0 && ctx->eng)
-		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fwd, &ev);
+	if (U.fwd_ep >= 0 && ctx->eng)
+		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fwd_ep, &ev);
 	if (U.fd6 >= 0 && ctx->eng)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd6, &ev);
 	return U.fd >= 0 ? 0 : -EADDRINUSE;
@@ -451,8 +587,8 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 {
 	if (U.fd >= 0 && ctx->eng && ctx->eng->epfd >= 0)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd, NULL);
-	if (U.fwd >= 0 && ctx->eng && ctx->eng->epfd >= 0)
-		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fwd, NULL);
+	if (U.fwd_ep >= 0 && ctx->eng && ctx->eng->epfd >= 0)
+		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fwd_ep, NULL);
 	if (U.fd6 >= 0 && ctx->eng && ctx->eng->epfd >= 0)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd6, NULL);
 }
@@ -827,6 +963,38 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64);
 }
 
+/* Time one first-sent packet at a time; a retransmission cancels the
+ * measurement, since its answer could be for either copy (Karn). */
+static void rtt_start(struct ursa_uqp *u, uint32_t idx, uint64_t now)
+{
+	if (u->m.timing)
+		return;
+	u->m.timing = true;
+	u->m.t_idx = idx;
+	u->m.t_sent = now;
+}
+
+/* Packets below acked are acknowledged: take the sample if it is one of
+ * them, and progress ends the backoff. */
+static void rtt_acked(struct ursa_uqp *u, uint32_t acked, uint64_t now)
+{
+	uint64_t r, d;
+
+	u->backoff = 0;
+	if (!u->m.timing || acked <= u->m.t_idx)
+		return;
+	u->m.timing = false;
+	r = now - u->m.t_sent;
+	if (!u->srtt) {
+		u->srtt = r;
+		u->rttvar = r / 2;
+		return;
+	}
+	d = r > u->srtt ? r - u->srtt : u->srtt - r;
+	u->rttvar = (3 * u->rttvar + d) / 4;
+	u->srtt = (7 * u->srtt + r) / 8;
+}
+
 static void send_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 			  const struct ursa_req *r, const addr_t *src,
 			  const addr_t *dst)
@@ -847,8 +1015,12 @@ static void send_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 	/* At most a window's worth per request: a long burst of responses
 	 * that loses one packet would otherwise be resent whole. The next
 	 * request continues at the next PSN, as a retried READ does. */
-	if (u->m.acked == u->m.sent)	/* a new piece */
+	if (u->m.acked == u->m.sent) {	/* a new piece */
 		u->m.sent = MIN(u->m.npkts, u->m.acked + WINDOW);
+		rtt_start(u, u->m.acked, ursa_now_ns());
+	} else {
+		u->m.timing = false;	/* asked again */
+	}
 	/* A re-request stays inside its piece: a duplicate READ must be a
 	 * subset of the original (IBTA 9.7.5.1.3). */
 	p.dmalen = (uint32_t)MIN(r->msg_len - MIN(off, r->msg_len),
@@ -896,21 +1068,31 @@ static uint64_t after(uint64_t now, uint64_t d)
 }
 
 /*
- * Early retransmission: packets outstanding with no news for the RTO
- * (URSA_RTO_US, default 1 ms, never above the ACK timeout) are sent again
- * from the first unacknowledged one. A lost last packet, ACK or NAK then
- * costs a millisecond instead of a whole ACK timeout; duplicates are
- * harmless to the responder (IBTA 9.7.5.1.3). Only the ACK timeout counts
- * against retry_cnt.
+ * Early retransmission: packets outstanding with no news for the RTO are
+ * sent again from the first unacknowledged one. A lost last packet, ACK or
+ * NAK then costs about a round trip instead of a whole ACK timeout;
+ * duplicates are harmless to the responder (IBTA 9.7.5.1.3). Only the ACK
+ * timeout counts against retry_cnt.
+ *
+ * The RTO follows the measured round trip as TCP's does (RFC 6298):
+ * srtt + 4 * rttvar, never below URSA_RTO_US (default 1 ms) nor above
+ * the ACK timeout, doubled for each early retransmission that brought no
+ * progress. A fixed RTO shorter than the round trip of a loaded host (a
+ * peer process waiting for a core) resends windows that were never lost,
+ * which loads the host further: congestion collapse.
  */
 static uint64_t rto_ns(struct ursa_qp *qp)
 {
 	static long rto_us = -1;
-	uint64_t t = timeout_ns(qp);
+	struct ursa_uqp *u = qp->udp;
+	uint64_t floor, r;
 
 	if (rto_us < 0)
 		rto_us = ursa_env_long("URSA_RTO_US", 1000, 10, 10000000);
-	return MIN(t, (uint64_t)rto_us * 1000);
+	floor = (uint64_t)rto_us * 1000;
+	r = u->srtt ? MAX(floor, u->srtt + 4 * u->rttvar) : floor;
+	r <<= MIN(u->backoff, 8u);
+	return MIN(timeout_ns(qp), r);
 }
 
 bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
@@ -970,6 +1152,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			if (u->m.is_read) {
 				send_read_req(qp, u, r, src, dst);
 			} else {
+				rtt_start(u, 0, now);
 				send_atomic(qp, u, r, src, dst);
 				u->m.sent = u->m.npkts;
 			}
@@ -1000,6 +1183,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 						      &qp->cnt.naks_inv, 1);
 		if ((syn & AETH_TYPE_MASK) == AETH_RNR) {
 			/* resend from the refused packet after the timer */
+			u->m.timing = false;
 			if (idx < u->m.npkts && !u->m.is_read)
 				u->m.sent = u->m.acked = idx;
 			u->m.resend_read = u->m.is_read;
@@ -1014,6 +1198,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		}
 		if (syn == AETH_NAK_PSN) {
 			/* go back to the PSN the responder expects */
+			u->m.timing = false;
 			if (idx < u->m.npkts && idx >= u->m.acked) {
 				u->m.acked = idx;
 				u->m.sent = idx;
@@ -1044,6 +1229,8 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		w->retry_left--;
 		atomic_fetch_add(&qp->cnt.retries, 1);
 		atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		u->m.timing = false;
+		u->backoff++;
 		/* go back: a READ asks again inside its piece */
 		if (u->m.is_read)
 			u->m.resend_read = true;
@@ -1056,6 +1243,8 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	} else if (now >= u->m.rto && rc) {
 		/* early go-back-N (see rto_ns) */
 		atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		u->m.timing = false;
+		u->backoff++;
 		if (u->m.is_read)
 			u->m.resend_read = true;
 		else
@@ -1076,6 +1265,10 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	}
 	while (!u->m.is_read && !atomic && u->m.sent < u->m.npkts &&
 	       u->m.sent - u->m.acked < WINDOW) {
+		if (u->m.sent >= u->m.hiwat) {
+			rtt_start(u, u->m.sent, now);
+			u->m.hiwat = u->m.sent + 1;
+		}
 		send_data_pkt(qp, u, r, w, u->m.sent, src, dst);
 		u->m.sent++;
 	}
@@ -1133,6 +1326,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 			    u->m.rerequested != u->m.acked + 1) {
 				u->m.rerequested = u->m.acked + 1;
 				u->m.resend_read = true;
+				u->m.timing = false;
 				atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
 			}
 			return;
@@ -1151,6 +1345,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 		}
 		u->m.acked = idx + 1;
 		u->m.progress = true;
+		rtt_acked(u, u->m.acked, ursa_now_ns());
 		u->m.deadline = after(ursa_now_ns(), timeout_ns(qp));
 		u->m.rto = after(ursa_now_ns(), rto_ns(qp));
 		if (u->m.acked == u->m.npkts)
@@ -1166,6 +1361,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 		if (idx == 0 && u->m.npkts == 1 && !u->m.is_read) {
 			u->m.orig = p->orig;
 			u->m.done = true;
+			rtt_acked(u, 1, ursa_now_ns());
 		}
 		return;
 	}
@@ -1175,6 +1371,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 	    u->m.op != IBV_WR_ATOMIC_FETCH_AND_ADD && idx + 1 > u->m.acked) {
 		u->m.acked = idx + 1;
 		u->m.progress = true;
+		rtt_acked(u, u->m.acked, ursa_now_ns());
 		u->m.deadline = after(ursa_now_ns(), timeout_ns(qp));
 		u->m.rto = after(ursa_now_ns(), rto_ns(qp));
 		if (u->m.acked == u->m.npkts)
@@ -1431,10 +1628,8 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	qp = ursa_loop_get(dst, p.dqpn);
 	if (!qp) {
 		/* another process's QP? (never forward twice) */
-		if (!forwarded && forward(buf, len, p.dqpn, src, sport, dst)) {
-			atomic_fetch_add(&ursa_udp_cnt.forwarded, 1);
+		if (!forwarded && forward(buf, len, p.dqpn, src, sport, dst))
 			return;
-		}
 		atomic_fetch_add(&ursa_udp_cnt.drop_qpn, 1);
 		return;
 	}
@@ -1575,7 +1770,6 @@ static int poll_sock(int fd, bool v6)
 
 int ursa_udp_poll(void)
 {
-	static uint8_t buf[MAX_PKT + 64 + sizeof(struct fwd_hdr)];
 	int total = 0;
 
 	if (delay_n)
@@ -1586,21 +1780,7 @@ int ursa_udp_poll(void)
 	if (U.fd6 >= 0)
 		total += poll_sock(U.fd6, true);
 	/* packets other processes of this host forwarded to us */
-	for (;;) {
-		ssize_t r = U.fwd >= 0 ? recv(U.fwd, buf, sizeof(buf), MSG_DONTWAIT) : -1;
-		struct fwd_hdr h;
-
-		if (r <= 0)
-			break;
-		if ((size_t)r < sizeof(h))
-			continue;
-		memcpy(&h, buf, sizeof(h));
-		if (h.magic != FWD_MAGIC)
-			continue;
-		on_packet(buf + sizeof(h), (size_t)r - sizeof(h), &h.src,
-			  h.sport, &h.dst, true);
-		total++;
-	}
+	total += fwd_poll();
 	pthread_mutex_unlock(&U.rx);
 	return total;
 }
