@@ -39,7 +39,7 @@ HARNESS := tests/harness.c
 .PHONY: all test sanitize demo install clean tests bench fuzz
 BENCH_BIN := $(BUILD)/bench/samehost $(BUILD)/bench/netpeer
 STUBS := $(BUILD)/lib/libmlx5.so.1 $(BUILD)/lib/libefa.so.1
-all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(STUBS)
+all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(BUILD)/bin/ursa-kv $(STUBS)
 
 # Stand-ins for the provider libraries perftest links against.
 $(BUILD)/lib/lib%.so.1: src/stubs/%.c src/stubs/%.map
@@ -69,6 +69,13 @@ APP_LDFLAGS := $(LDFLAGS) -L$(BUILD)/lib -Wl,-rpath-link,$(BUILD)/lib
 $(BUILD)/bin/ursa: tools/ursa.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) \
+		-Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/../lib/ursa' -libverbs
+
+# The case study: a key-value store on verbs (apps/kv).
+KV_SRC := $(wildcard apps/kv/*.c)
+$(BUILD)/bin/ursa-kv: $(KV_SRC) $(wildcard apps/kv/*.h) $(LIB) $(BUILD)/lib/libibverbs.so
+	@mkdir -p $(dir $@)
+	$(CC) $(APP_CFLAGS) $(KV_SRC) -o $@ $(APP_LDFLAGS) \
 		-Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/../lib/ursa' -libverbs
 
 tests: $(UNIT_BIN) $(FUNC_BIN) $(BUILD)/tests/xfer $(BUILD)/tests/fuzz_pkt \
@@ -103,7 +110,7 @@ $(BUILD)/tests/xfer: tests/hosts/xfer.c $(LIB) $(BUILD)/lib/libibverbs.so
 
 # Unit tests link the pure modules directly.
 UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c src/proto/roce.c \
-	src/core/qpstate.c src/util/util.c
+	src/core/qpstate.c src/util/util.c apps/kv/kv_table.c apps/kv/kv_common.c
 $(BUILD)/tests/unit_%: tests/unit/%.c $(HARNESS) tests/harness.h $(UNIT_DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< $(HARNESS) $(UNIT_DEPS) -o $@ $(LDFLAGS)

@@ -575,7 +575,8 @@ static int post_rq(struct ursa_rq *rq, uint32_t max_sge,
 		w = ursa_ring_prod_slot(&rq->ring, 0);
 		w->wr_id = wr->wr_id;
 		w->num_sge = (uint32_t)wr->num_sge;
-		memcpy(w->sge, wr->sg_list, w->num_sge * sizeof(*w->sge));
+		if (w->num_sge)	/* a receive with no SGE: sg_list may be NULL */
+			memcpy(w->sge, wr->sg_list, w->num_sge * sizeof(*w->sge));
 		ursa_ring_produce(&rq->ring, 1);
 	}
 	return 0;

@@ -227,7 +227,8 @@ static void x_set_sge_list(struct ibv_qp_ex *qx, size_t n,
 		qp->wr_err = -EINVAL;
 		return;
 	}
-	memcpy(w->sge, sg, n * sizeof(*sg));
+	if (n)	/* an empty list may be NULL */
+		memcpy(w->sge, sg, n * sizeof(*sg));
 	w->num_sge = (uint32_t)n;
 	w->flags &= ~IBV_SEND_INLINE;
 }
