@@ -37,7 +37,7 @@ FUNC_BIN := $(FUNC_SRC:tests/func/%.c=$(BUILD)/tests/func_%)
 HARNESS := tests/harness.c
 
 .PHONY: all test sanitize demo install clean tests bench fuzz
-BENCH_BIN := $(BUILD)/bench/samehost $(BUILD)/bench/netpeer
+BENCH_BIN := $(BUILD)/bench/samehost $(BUILD)/bench/netpeer $(BUILD)/bench/regcost
 STUBS := $(BUILD)/lib/libmlx5.so.1 $(BUILD)/lib/libefa.so.1
 all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(BUILD)/bin/ursa-kv $(STUBS)
 

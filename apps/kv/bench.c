@@ -6,10 +6,9 @@
  * For each GET path (tcp, send, read): latency p50 and p99 with one
  * client, throughput with one and with N client processes, and the
  * server's CPU time per GET, read from the server (KV_STATS) before and
- * after: its request thread alone, and its whole process (which includes
- * ursa's engine thread, the software NIC that serves one-sided READs
- * between hosts; on one host a READ is served by the client's own cross-
- * memory read and costs the server nothing).
+ * after: its request thread alone, and its whole process, which includes
+ * ursa's engine thread: the software NIC, which serves one-sided READs
+ * in the server process (on real hardware that work is the NIC's).
  *
  * Redis: redis-benchmark GETs of the same value size against the given
  * port, its CPU per GET from /proc/PID/stat of redis-server.

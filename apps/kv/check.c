@@ -259,7 +259,14 @@ static void bad_requests(struct kv_client *c)
 
 struct wres {
 	uint64_t ops, gets, torn, stale, errors, retries;
+	char first[160];	/* what the first failure was */
 };
+
+#define NOTE(res, ...)                                                 \
+	do {                                                           \
+		if (!(res).first[0])                                   \
+			snprintf((res).first, sizeof((res).first), __VA_ARGS__); \
+	} while (0)
 
 static uint32_t pick_size(uint64_t *r)
 {
@@ -284,6 +291,7 @@ static void worker(int w, int nworkers, double secs, int fd)
 
 	if (!c) {
 		res.errors++;
+		NOTE(res, "connect: %s", strerror(errno));
 		goto out;
 	}
 	while (kv_now() - t0 < secs) {
@@ -303,6 +311,7 @@ static void worker(int w, int nworkers, double secs, int fd)
 			st = kvc_put(c, wp, key, (uint32_t)strlen(key), v, len);
 			if (st != KV_OK) {
 				res.errors++;
+				NOTE(res, "PUT %s by %s: %s", key, kv_path_name(wp), kv_status_str(st));
 				continue;
 			}
 			acked[k] = seq++;
@@ -310,37 +319,54 @@ static void worker(int w, int nworkers, double secs, int fd)
 		} else if (op < 4) {	/* DELETE own */
 			snprintf(key, sizeof(key), "r%d-w%d-%d", run_id, w, k);
 			st = kvc_del(c, wp, key, (uint32_t)strlen(key));
-			if (st != (live[k] ? KV_OK : KV_NOTFOUND))
+			if (st != (live[k] ? KV_OK : KV_NOTFOUND)) {
 				res.errors++;
+				NOTE(res, "DELETE %s by %s: %s", key, kv_path_name(wp), kv_status_str(st));
+			}
 			live[k] = false;
 		} else if (op < 6) {	/* GET own: exactly the last PUT */
 			snprintf(key, sizeof(key), "r%d-w%d-%d", run_id, w, k);
 			res.gets++;
 			st = kvc_get(c, gp, key, (uint32_t)strlen(key), out, sizeof(out), &len);
 			if (!live[k]) {
-				if (st != KV_NOTFOUND)
+				if (st != KV_NOTFOUND) {
 					res.stale++;
+					NOTE(res, "GET %s by %s after DELETE: %s", key,
+					     kv_path_name(gp), kv_status_str(st));
+				}
 			} else if (st != KV_OK) {
 				res.errors++;
+				NOTE(res, "GET %s by %s: %s", key, kv_path_name(gp), kv_status_str(st));
 			} else if (check_val(out, len, key, &ww, &s)) {
 				res.torn++;
+				NOTE(res, "GET %s by %s: torn", key, kv_path_name(gp));
 			} else if (ww != (uint32_t)w || s != acked[k]) {
 				res.stale++;
+				NOTE(res, "GET %s by %s: sequence %llu, acknowledged %llu", key,
+				     kv_path_name(gp), (unsigned long long)s,
+				     (unsigned long long)acked[k]);
 			}
 		} else if (op == 9) {	/* the hot key everyone writes */
 			snprintf(key, sizeof(key), "r%d-hot", run_id);
 			if (rnd(&r) & 1) {
 				len = make_val(v, pick_size(&r), (uint32_t)w, seq++, key);
-				if (kvc_put(c, wp, key, (uint32_t)strlen(key), v, len) != KV_OK)
+				st = kvc_put(c, wp, key, (uint32_t)strlen(key), v, len);
+				if (st != KV_OK) {
 					res.errors++;
+					NOTE(res, "PUT %s by %s: %s", key, kv_path_name(wp),
+					     kv_status_str(st));
+				}
 				continue;
 			}
 			res.gets++;
 			st = kvc_get(c, gp, key, (uint32_t)strlen(key), out, sizeof(out), &len);
-			if (st == KV_OK && check_val(out, len, key, &ww, &s))
+			if (st == KV_OK && check_val(out, len, key, &ww, &s)) {
 				res.torn++;
-			else if (st != KV_OK && st != KV_NOTFOUND)
+				NOTE(res, "GET %s by %s: torn", key, kv_path_name(gp));
+			} else if (st != KV_OK && st != KV_NOTFOUND) {
 				res.errors++;
+				NOTE(res, "GET %s by %s: %s", key, kv_path_name(gp), kv_status_str(st));
+			}
 		} else {		/* GET another's: whole, never older */
 			int o = (int)(rnd(&r) % (uint64_t)nworkers);
 
@@ -351,11 +377,17 @@ static void worker(int w, int nworkers, double secs, int fd)
 				continue;
 			if (st != KV_OK) {
 				res.errors++;
+				NOTE(res, "GET %s by %s: %s", key, kv_path_name(gp), kv_status_str(st));
 			} else if (check_val(out, len, key, &ww, &s) || ww != (uint32_t)o) {
 				res.torn++;
+				NOTE(res, "GET %s by %s: torn", key, kv_path_name(gp));
 			} else {
-				if (s < seen[o][k])
+				if (s < seen[o][k]) {
 					res.stale++;
+					NOTE(res, "GET %s by %s: sequence %llu after %llu", key,
+					     kv_path_name(gp), (unsigned long long)s,
+					     (unsigned long long)seen[o][k]);
+				}
 				seen[o][k] = s;
 			}
 		}
@@ -393,6 +425,7 @@ static void stress(int nworkers, double secs, bool kill_one)
 	pid_t pids[WORKERS_MAX], vpid = -1;
 	struct wres sum = { 0 };
 	int died = 0;
+	char first[160] = "";
 
 	if (pipe(pfd))
 		return;
@@ -423,6 +456,8 @@ static void stress(int nworkers, double secs, bool kill_one)
 			sum.stale += r.stale;
 			sum.errors += r.errors;
 			sum.retries += r.retries;
+			if (!first[0] && r.first[0])
+				memcpy(first, r.first, sizeof(first));
 		}
 		waitpid(pids[w], &status, 0);
 		died += !WIFEXITED(status) || WEXITSTATUS(status);
@@ -432,6 +467,8 @@ static void stress(int nworkers, double secs, bool kill_one)
 	   "stress: %d processes, %.0f s: %" PRIu64 " operations (%" PRIu64 " GETs), torn %" PRIu64
 	   ", stale %" PRIu64 ", errors %" PRIu64 ", one-sided re-reads %" PRIu64,
 	   nworkers, secs, sum.ops, sum.gets, sum.torn, sum.stale, sum.errors, sum.retries);
+	if (first[0])
+		printf("     first failure: %s\n", first);
 	if (kill_one) {
 		static uint8_t out[KV_MAX_VAL];
 		struct kv_client *c = kvc_open(host, port, true);

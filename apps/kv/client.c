@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,7 +244,12 @@ static int wait_wc(struct kv_client *c, uint64_t a, uint64_t b, struct ibv_wc *w
 			}
 			continue;
 		}
-		if (++spins % 1024 == 0 && kv_now() - t0 > WAIT_S)
+		/* Spin briefly, then give the core away between polls: more
+		 * busy clients than cores would otherwise starve the server
+		 * and the software NIC's threads that must answer them. */
+		if (++spins > 64)
+			sched_yield();
+		if (spins % 1024 == 0 && kv_now() - t0 > WAIT_S)
 			return -ETIMEDOUT;
 	}
 	return 0;

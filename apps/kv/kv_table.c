@@ -19,8 +19,11 @@
  * a version that is not 0 and a matching checksum and key mean the block
  * is the key's current value, or one being installed right now.
  *
- * Blocks come in power-of-two sizes from 64 bytes to 2 MiB, from a bump
- * pointer or a free list per size.
+ * Blocks come from a buddy allocator: power-of-two sizes from 64 bytes
+ * to 2 MiB, split on demand and merged with their buddy when freed, so a
+ * heap that once held many small values can hold large ones again. The
+ * free lists are linked through the free blocks themselves (whose version
+ * word stays 0, so a reader never takes one for a value).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -30,14 +33,79 @@
 #include "kv_verbs.h"
 
 #define KV_QUARANTINE 0.05
+#define UNIT(off) ((off) >> KV_MIN_CLASS)
 
 static unsigned size_class(uint64_t n)
 {
-	unsigned c = 6;
+	unsigned c = KV_MIN_CLASS;
 
 	while ((1ull << c) < n)
 		c++;
 	return c;
+}
+
+/* A free block's links (over the header of the value it no longer is). */
+struct kv_free {
+	uint64_t ver;		/* 0 */
+	uint64_t next, prev;	/* offset + 1; 0: none */
+};
+
+static struct kv_free *fb(struct kv_table *t, uint64_t off)
+{
+	return (struct kv_free *)(t->heap + off);
+}
+
+static void push(struct kv_table *t, uint64_t off, unsigned c)
+{
+	struct kv_free *f = fb(t, off);
+
+	f->ver = 0;
+	f->prev = 0;
+	f->next = t->head[c];
+	if (t->head[c])
+		fb(t, t->head[c] - 1)->prev = off + 1;
+	t->head[c] = off + 1;
+	t->free_cls[UNIT(off)] = (uint8_t)c;
+}
+
+static void unlink_free(struct kv_table *t, uint64_t off, unsigned c)
+{
+	struct kv_free *f = fb(t, off);
+
+	if (f->prev)
+		fb(t, f->prev - 1)->next = f->next;
+	else
+		t->head[c] = f->next;
+	if (f->next)
+		fb(t, f->next - 1)->prev = f->prev;
+	t->free_cls[UNIT(off)] = 0;
+}
+
+/* Give a block back, merged with its buddy as far as they are free. */
+static void merge_free(struct kv_table *t, uint64_t off, unsigned c)
+{
+	while (c < KV_MAX_CLASS) {
+		uint64_t buddy = off ^ (1ull << c);
+
+		if (buddy >= t->heap_len || t->free_cls[UNIT(buddy)] != c)
+			break;
+		unlink_free(t, buddy, c);
+		off &= ~(1ull << c);
+		c++;
+	}
+	push(t, off, c);
+}
+
+/* Quarantined blocks freed before `before` become free. */
+static void drain(struct kv_table *t, double before)
+{
+	struct kv_quarantine *q = &t->q;
+
+	while (q->n && q->v[q->head].t < before) {
+		merge_free(t, q->v[q->head].off, q->v[q->head].cls);
+		q->head = (q->head + 1) % q->cap;
+		q->n--;
+	}
 }
 
 int kv_table_init(struct kv_table *t, uint64_t nbuckets, uint64_t heap_len)
@@ -49,11 +117,19 @@ int kv_table_init(struct kv_table *t, uint64_t nbuckets, uint64_t heap_len)
 		return -EINVAL;
 	hoff = boff + nbuckets * sizeof(struct kv_bucket);
 	hoff = (hoff + 4095) & ~4095ull;
+	heap_len &= ~((1ull << KV_MAX_CLASS) - 1);
+	if (!heap_len)
+		return -EINVAL;
+	t->free_cls = calloc(UNIT(heap_len), 1);
+	if (!t->free_cls)
+		return -ENOMEM;
 	t->len = hoff + heap_len;
 	t->base = mmap(NULL, t->len, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (t->base == MAP_FAILED) {
 		t->base = NULL;
+		free(t->free_cls);
+		t->free_cls = NULL;
 		return -ENOMEM;
 	}
 	t->hdr = (struct kv_table_hdr *)t->base;
@@ -65,6 +141,8 @@ int kv_table_init(struct kv_table *t, uint64_t nbuckets, uint64_t heap_len)
 	t->b = (struct kv_bucket *)(t->base + boff);
 	t->heap = t->base + hoff;
 	t->heap_len = heap_len;
+	for (uint64_t off = 0; off < heap_len; off += 1ull << KV_MAX_CLASS)
+		push(t, off, KV_MAX_CLASS);
 	return 0;
 }
 
@@ -72,8 +150,8 @@ void kv_table_free(struct kv_table *t)
 {
 	if (t->base)
 		munmap(t->base, t->len);
-	for (unsigned c = 0; c < KV_CLASSES; c++)
-		free(t->fl[c].v);
+	free(t->free_cls);
+	free(t->q.v);
 	memset(t, 0, sizeof(*t));
 }
 
@@ -109,60 +187,63 @@ uint8_t *kv_table_val(struct kv_table *t, uint64_t off, uint32_t klen)
 
 int64_t kv_table_alloc(struct kv_table *t, uint32_t klen, uint32_t vlen)
 {
-	uint64_t need = sizeof(struct kv_block) + klen + (uint64_t)vlen;
-	unsigned c = size_class(need);
-	struct kv_freelist *f;
-	uint64_t off;
+	unsigned c = size_class(sizeof(struct kv_block) + klen + (uint64_t)vlen), k;
 
-	if (c >= KV_CLASSES)
+	if (c > KV_MAX_CLASS)
 		return -ENOSPC;
-	f = &t->fl[c];
-	/* a block freed long enough ago, else fresh space, else any */
-	if (f->n && kv_now() - f->v[f->head].t > KV_QUARANTINE)
-		goto reuse;
-	if (t->bump + (1ull << c) <= t->heap_len) {
-		off = t->bump;
-		t->bump += 1ull << c;
-		return (int64_t)off;
+	drain(t, kv_now() - KV_QUARANTINE);
+	for (int pass = 0; pass < 2; pass++) {
+		for (k = c; k <= KV_MAX_CLASS && !t->head[k]; k++)
+			;
+		if (k <= KV_MAX_CLASS) {
+			uint64_t off = t->head[k] - 1;
+
+			unlink_free(t, off, k);
+			while (k > c) {	/* split; the upper half stays free */
+				k--;
+				push(t, off + (1ull << k), k);
+			}
+			return (int64_t)off;
+		}
+		/* Full: take the quarantined blocks now. A one-sided reader
+		 * still on one of them sees its checksum fail and reads again. */
+		drain(t, 1e300);
 	}
-	if (!f->n)
-		return -ENOSPC;
-reuse:
-	off = f->v[f->head].off;
-	f->head = (f->head + 1) % f->cap;
-	f->n--;
-	return (int64_t)off;
+	return -ENOSPC;
 }
 
 void kv_table_release(struct kv_table *t, uint64_t off, uint32_t klen,
 		      uint32_t vlen)
 {
-	struct kv_freelist *f = &t->fl[size_class(sizeof(struct kv_block) + klen +
-						  (uint64_t)vlen)];
-	struct kv_block *blk = (struct kv_block *)(t->heap + off);
+	struct kv_quarantine *q = &t->q;
+	unsigned c = size_class(sizeof(struct kv_block) + klen + (uint64_t)vlen);
+	size_t i;
 
 	/* Invalid from now on: a client holding this location in its cache
 	 * falls back to the bucket (the slot has already moved on). */
-	__atomic_store_n(&blk->ver, 0, __ATOMIC_RELAXED);
-
-	if (f->n == f->cap) {
+	__atomic_store_n(&((struct kv_block *)(t->heap + off))->ver, 0, __ATOMIC_RELAXED);
+	if (q->n == q->cap) {
 		/* grow the ring, keeping its order */
-		size_t cap = f->cap ? f->cap * 2 : 64;
-		void *v = malloc(cap * sizeof(*f->v));
+		size_t cap = q->cap ? q->cap * 2 : 256;
+		void *v = malloc(cap * sizeof(*q->v));
 
-		if (!v)
-			return;	/* the block is lost, the table stays sound */
-		for (size_t i = 0; i < f->n; i++)
-			memcpy((char *)v + i * sizeof(*f->v),
-			       &f->v[(f->head + i) % f->cap], sizeof(*f->v));
-		free(f->v);
-		f->v = v;
-		f->cap = cap;
-		f->head = 0;
+		if (!v) {
+			merge_free(t, off, c);	/* no quarantine, still sound */
+			return;
+		}
+		for (i = 0; i < q->n; i++)
+			memcpy((char *)v + i * sizeof(*q->v), &q->v[(q->head + i) % q->cap],
+			       sizeof(*q->v));
+		free(q->v);
+		q->v = v;
+		q->cap = cap;
+		q->head = 0;
 	}
-	f->v[(f->head + f->n) % f->cap].off = off;
-	f->v[(f->head + f->n) % f->cap].t = kv_now();
-	f->n++;
+	i = (q->head + q->n) % q->cap;
+	q->v[i].off = off;
+	q->v[i].cls = (uint8_t)c;
+	q->v[i].t = kv_now();
+	q->n++;
 }
 
 /* Switch a slot to new contents. The check word goes last, after a

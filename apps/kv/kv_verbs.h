@@ -31,12 +31,15 @@ int kv_qp_connect(struct kv_ep *e, struct ibv_qp *qp, uint32_t qpn,
 
 /* --- the server's table (kv_table.c) -------------------------------------- */
 
-struct kv_freelist {
-	struct { uint64_t off; double t; } *v;
+#define KV_MIN_CLASS 6		/* blocks of 64 bytes ... */
+#define KV_MAX_CLASS 21		/* ... to 2 MiB (a 1 MiB value and its header) */
+#define KV_CLASSES (KV_MAX_CLASS + 1)
+
+/* Freed blocks wait here before they can be reused (time order). */
+struct kv_quarantine {
+	struct { uint64_t off; uint8_t cls; double t; } *v;
 	size_t head, n, cap;
 };
-
-#define KV_CLASSES 22		/* block sizes 2^6 .. 2^21 */
 
 struct kv_table {
 	uint8_t *base;		/* the registered region */
@@ -44,8 +47,12 @@ struct kv_table {
 	struct kv_table_hdr *hdr;
 	struct kv_bucket *b;
 	uint8_t *heap;
-	uint64_t heap_len, bump;
-	struct kv_freelist fl[KV_CLASSES];
+	uint64_t heap_len;	/* a multiple of 2 MiB */
+	/* buddy allocator: free lists linked through the free blocks,
+	 * and per 64-byte unit the class of the free block starting there */
+	uint64_t head[KV_CLASSES];	/* offset + 1; 0: empty */
+	uint8_t *free_cls;
+	struct kv_quarantine q;
 	uint64_t nkeys;
 };
 

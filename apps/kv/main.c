@@ -44,8 +44,8 @@ static int server_main(int argc, char **argv)
 			return usage();
 	}
 	if (o.port <= 0 || o.port > 65535 || !o.nbuckets ||
-	    (o.nbuckets & (o.nbuckets - 1)) || !o.heap_mib || o.heap_mib > (1 << 20)) {
-		fprintf(stderr, "ursa-kv: --buckets must be a power of two, --heap at least 1\n");
+	    (o.nbuckets & (o.nbuckets - 1)) || o.heap_mib < 2 || o.heap_mib > (1 << 20)) {
+		fprintf(stderr, "ursa-kv: --buckets must be a power of two, --heap at least 2 (MiB)\n");
 		return 2;
 	}
 	return kv_server(&o);

@@ -236,6 +236,7 @@ static void follow_netdev(struct ursa_device *d)
 }
 
 void ursa_loop_atfork_child(void);
+void ursa_udp_atfork_child(void);
 
 /* The child of fork() starts with a device of its own: no keys, no pins
  * (mlock is not inherited), no contexts, no QPs (see loop.c). */
@@ -253,6 +254,7 @@ static void dev_atfork_child(void)
 	d->pins.segs = NULL;
 	ursa_pinmap_init(&d->pins, &real_pin_ops, memlock_limit());
 	ursa_loop_atfork_child();
+	ursa_udp_atfork_child();
 }
 
 static void dev_init(void)

@@ -13,6 +13,7 @@
  * the table and then waits for the references to drain.
  */
 #include "shm.h"
+#include "udp.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -133,6 +134,7 @@ void ursa_loop_atfork_child(void)
 			struct bucket_ent *e = buckets[b];
 
 			buckets[b] = e->next;
+			ursa_udp_qp_forget(e->qp);
 			if (e->qp->listen_fd >= 0)
 				close(e->qp->listen_fd);
 			for (struct ursa_chan *c = e->qp->chans; c; c = c->next)

@@ -80,7 +80,8 @@ static struct {
 	int fwd;		/* "@ursa/udp/<pid>": packets other processes
 				 * of this host received for our QPs */
 	int fwd_ep;		/* epoll set: fwd and its connections */
-	bool tried;
+	bool tried;		/* environment read */
+	bool socks_tried;	/* sockets opened (again in a forked child) */
 	uint16_t port;
 	FILE *pcap;
 	/* fault injection (URSA_FAULT): per-mille probabilities */
@@ -106,6 +107,8 @@ struct ursa_uqp {
 	struct ursa_qp *qp;
 	int txfd, txfd6;
 	uint16_t sport;
+	int rxfd;		/* connected to the peer's address and port */
+	uint16_t rx_port;	/* the peer's source port it is connected to */
 	uint32_t next_psn;	/* requester: PSN of the next new message */
 	uint64_t srtt, rttvar;	/* round-trip estimate, ns (0: none yet) */
 	unsigned backoff;	/* early retransmissions with no progress */
@@ -310,6 +313,14 @@ struct fwd_hdr {
 	addr_t src, dst;
 };
 #define FWD_MAGIC 0x55524657u /* "URFW" */
+/*
+ * The side sockets, in the epoll set U.fwd_ep: the forwarding listener,
+ * its connections, and the QPs' connected receive sockets. An event's
+ * data is the descriptor and its kind (never a pointer: a QP may be gone
+ * by the time its event is read).
+ */
+enum { SIDE_FWD = 1, SIDE_RX4 = 2, SIDE_RX6 = 3 };
+#define SIDE(kind, fd) ((uint64_t)(kind) << 32 | (uint32_t)(fd))
 #define FWD_OUT 16		/* connections kept to other processes */
 
 static struct {
@@ -341,7 +352,7 @@ static int fwd_open(void)
 		return -1;
 	fwd_name(&sa, &len, getpid());
 	U.fwd_ep = epoll_create1(EPOLL_CLOEXEC);
-	ev.data.fd = fd;
+	ev.data.u64 = SIDE(SIDE_FWD, fd);
 	if (U.fwd_ep < 0 || bind(fd, (struct sockaddr *)&sa, len) ||
 	    listen(fd, 64) || epoll_ctl(U.fwd_ep, EPOLL_CTL_ADD, fd, &ev)) {
 		close(fd);
@@ -456,7 +467,10 @@ static bool forward(const uint8_t *buf, size_t len, uint32_t dqpn,
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		      uint16_t sport, const addr_t *dst, bool forwarded);
 
-/* Receive what other processes forwarded to us (under U.rx). */
+static int poll_sock(int fd, bool v6);
+
+
+/* Receive from the side sockets (under U.rx). */
 static int fwd_poll(void)
 {
 	static uint8_t buf[MAX_PKT + 64 + sizeof(struct fwd_hdr)];
@@ -467,15 +481,20 @@ static int fwd_poll(void)
 		return 0;
 	n = epoll_wait(U.fwd_ep, ev, 16, 0);
 	for (int i = 0; i < n; i++) {
-		int fd = ev[i].data.fd;
+		int fd = (int)(uint32_t)ev[i].data.u64;
+		unsigned kind = (unsigned)(ev[i].data.u64 >> 32);
 
+		if (kind == SIDE_RX4 || kind == SIDE_RX6) {
+			total += poll_sock(fd, kind == SIDE_RX6);
+			continue;
+		}
 		if (fd == U.fwd) {
 			int c;
 
 			while ((c = accept4(U.fwd, NULL, NULL,
 					    SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
 				struct epoll_event e = { .events = EPOLLIN,
-							 .data.fd = c };
+							 .data.u64 = SIDE(SIDE_FWD, c) };
 
 				if (epoll_ctl(U.fwd_ep, EPOLL_CTL_ADD, c, &e))
 					close(c);
@@ -505,6 +524,103 @@ static int fwd_poll(void)
 		}
 	}
 	return total;
+}
+
+/*
+ * A connected QP's own receive socket. The reuseport group hashes a flow
+ * to any ursa process of the host, and a flow that lands on the wrong one
+ * costs a forward, which waits for that process to be scheduled (an idle
+ * process sleeps in epoll: tens of microseconds per packet). But a UDP
+ * socket connected to the sender's address and port scores above every
+ * unconnected socket of the group in the kernel's lookup (Linux 5.4 and
+ * later), so once a QP has heard from its peer it gets a socket bound to
+ * 4791 and connected to the peer's address and source port, and the rest
+ * of the flow comes straight to the owner. Called under U.rx and the
+ * QP's lock; if it fails, packets keep arriving through the group.
+ */
+static struct {
+	int fd[256];
+	int n;
+} grave;			/* receive sockets of gone QPs; under U.lock */
+
+static void rx_connect(struct ursa_uqp *u, const addr_t *peer, uint16_t sport)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = to_sockaddr(peer, sport, &ss);
+	bool v6 = !is_v4(peer);
+	struct epoll_event ev = { .events = EPOLLIN };
+	int one = 1, big = 4 << 20, fd = u->rxfd;
+
+	if (U.fwd_ep < 0)
+		return;
+	if (fd < 0) {
+		struct sockaddr_storage any;
+		socklen_t al;
+		addr_t zero = { .raw = { 0 } };
+
+		if (!v6) {
+			zero.raw[10] = zero.raw[11] = 0xff;	/* 0.0.0.0 */
+		}
+		al = to_sockaddr(&zero, U.port, &any);
+		fd = socket(v6 ? AF_INET6 : AF_INET,
+			    SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		if (fd < 0)
+			return;
+		if (v6)
+			setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+		setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+		if (v6)
+			setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
+		else
+			setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one));
+		ev.data.u64 = SIDE(v6 ? SIDE_RX6 : SIDE_RX4, fd);
+		if (bind(fd, (struct sockaddr *)&any, al) ||
+		    epoll_ctl(U.fwd_ep, EPOLL_CTL_ADD, fd, &ev)) {
+			close(fd);
+			return;
+		}
+		u->rxfd = fd;
+	}
+	/* (again, if the peer's source port changed) */
+	if (!connect(fd, (struct sockaddr *)&ss, sl))
+		u->rx_port = sport;
+}
+
+void ursa_udp_qp_forget(struct ursa_qp *qp)
+{
+	struct ursa_uqp *u = qp->udp;
+	int *fds[3];
+
+	if (!u)
+		return;
+	fds[0] = &u->rxfd;
+	fds[1] = &u->txfd;
+	fds[2] = &u->txfd6;
+	for (unsigned i = 0; i < 3; i++) {
+		if (*fds[i] >= 0)
+			close(*fds[i]);
+		*fds[i] = -1;
+	}
+}
+
+static void rx_bury(struct ursa_uqp *u)
+{
+	if (u->rxfd < 0)
+		return;
+	pthread_mutex_lock(&U.lock);
+	if (grave.n < (int)(sizeof(grave.fd) / sizeof(grave.fd[0]))) {
+		grave.fd[grave.n++] = u->rxfd;
+		pthread_mutex_unlock(&U.lock);
+	} else {
+		/* many QPs gone since the last poll: close it ourselves,
+		 * when no poll can be reading it */
+		pthread_mutex_unlock(&U.lock);
+		pthread_mutex_lock(&U.rx);
+		close(u->rxfd);
+		pthread_mutex_unlock(&U.rx);
+	}
+	u->rxfd = -1;
 }
 
 /* The IPv6 receive socket (IPv6 only: IPv4 has its own). */
@@ -551,6 +667,9 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 		s = getenv("URSA_PCAP");
 		if (s && *s)
 			pcap_open(s);
+	}
+	if (!U.socks_tried) {
+		U.socks_tried = true;
 		fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 		sa.sin_port = htons(U.port);
 		/* Every ursa process of the namespace joins the port's
@@ -764,6 +883,7 @@ int ursa_uqp_init(struct ursa_qp *qp)
 		return -ENOMEM;
 	pthread_mutex_init(&u->lock, NULL);
 	u->qp = qp;
+	u->rxfd = -1;
 	/* rxe's choice of source port: 0xC000 + a hash of the QPN */
 	u->sport = (uint16_t)(0xc000 | (((qpn * 0x61c88647u) >> 18) & 0x3fff));
 	u->txfd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -803,6 +923,7 @@ void ursa_uqp_fini(struct ursa_qp *qp)
 	if (!u)
 		return;
 	ursa_rstate_drop(&u->rs);
+	rx_bury(u);
 	if (u->txfd >= 0)
 		close(u->txfd);
 	if (u->txfd6 >= 0)
@@ -1650,6 +1771,8 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		goto out;
 	}
 	pthread_mutex_lock(&u->lock);
+	if (t != IBV_QPT_UD && (u->rxfd < 0 || u->rx_port != sport))
+		rx_connect(u, src, sport);
 	if (f & P_RESP) {
 		int st = qp_state(qp);
 
@@ -1776,6 +1899,12 @@ int ursa_udp_poll(void)
 		delay_flush(ursa_now_ns(), false);
 	if (U.fd < 0 || pthread_mutex_trylock(&U.rx))
 		return 0;
+	/* Receive sockets of gone QPs close here, under U.rx, so that no
+	 * poll is reading one when it closes. */
+	pthread_mutex_lock(&U.lock);
+	while (grave.n)
+		close(grave.fd[--grave.n]);
+	pthread_mutex_unlock(&U.lock);
 	total += poll_sock(U.fd, false);
 	if (U.fd6 >= 0)
 		total += poll_sock(U.fd6, true);
@@ -1783,4 +1912,37 @@ int ursa_udp_poll(void)
 	total += fwd_poll();
 	pthread_mutex_unlock(&U.rx);
 	return total;
+}
+
+/*
+ * fork(): the child must not share the parent's receive sockets, its
+ * forwarding listener (named for the parent's pid) or the epoll set that
+ * holds the parent's descriptors: an event there would name a descriptor
+ * that means something else in the child. It closes them, and opens its
+ * own with its first context. The QPs it inherited are the parent's
+ * (transport/loop.c): their sockets are closed too.
+ */
+void ursa_udp_atfork_child(void)
+{
+	int *fds[] = { &U.fd, &U.fd6, &U.fwd, &U.fwd_ep };
+
+	pthread_mutex_init(&U.lock, NULL);
+	pthread_mutex_init(&U.rx, NULL);
+	pthread_mutex_init(&U.fault_lock, NULL);
+	for (unsigned i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
+		if (*fds[i] >= 0)
+			close(*fds[i]);
+		*fds[i] = -1;
+	}
+	for (unsigned i = 0; i < FWD_OUT; i++) {
+		if (fwd_out[i].fd > 0)
+			close(fwd_out[i].fd);
+		fwd_out[i].fd = 0;
+	}
+	while (grave.n)
+		close(grave.fd[--grave.n]);
+	U.held_len = 0;
+	txb.n = 0;		/* the parent's packets */
+	delay_n = 0;
+	U.socks_tried = false;
 }

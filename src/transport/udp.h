@@ -34,6 +34,11 @@ int ursa_udp_fd(void);
  * delay_us=N,seed=S" (P in percent); NULL turns it off. */
 int ursa_udp_fault(const char *spec);
 
+/* fork(): the child's own sockets (opened with its first context), and
+ * the inherited QPs' sockets closed. */
+void ursa_udp_atfork_child(void);
+void ursa_udp_qp_forget(struct ursa_qp *qp);
+
 int ursa_uqp_init(struct ursa_qp *qp);
 void ursa_uqp_fini(struct ursa_qp *qp);
 /* modify_qp hooks: new sq_psn / rq_psn / path. */

@@ -3,8 +3,9 @@
  * kv.c (unit) - the ursa-kv table (apps/kv/kv_table.c): what a one-sided
  * reader relies on. A slot caught halfway through a change fails its check
  * word; a block that moved, was freed or reused fails its version or
- * checksum; freed blocks wait out the quarantine; full buckets and the
- * heap's end are refused, not overrun.
+ * checksum; freed blocks wait out the quarantine; the buddy allocator
+ * splits and merges; full buckets and the heap's end are refused, not
+ * overrun.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,7 @@ static int test_put_get_del(void)
 	struct kv_table t;
 	struct kv_slot *s;
 
-	REQUIRE(kv_table_init(&t, 64, 1 << 20) == 0);
+	REQUIRE(kv_table_init(&t, 64, 2 << 20) == 0);
 	EXPECT_EQ(put(&t, "alpha", "one"), KV_OK);
 	s = kv_table_find(&t, "alpha", 5);
 	REQUIRE(s);
@@ -67,7 +68,7 @@ static int test_torn_slot_detected(void)
 	struct kv_slot before, after, mixed;
 	size_t half = offsetof(struct kv_slot, off);
 
-	REQUIRE(kv_table_init(&t, 64, 1 << 20) == 0);
+	REQUIRE(kv_table_init(&t, 64, 2 << 20) == 0);
 	REQUIRE(put(&t, "k", "value-1") == KV_OK);
 	before = *kv_table_find(&t, "k", 1);
 	REQUIRE(put(&t, "k", "value-number-2") == KV_OK);
@@ -94,7 +95,7 @@ static int test_block_change_detected(void)
 	struct kv_slot *s;
 	uint8_t *v;
 
-	REQUIRE(kv_table_init(&t, 64, 1 << 20) == 0);
+	REQUIRE(kv_table_init(&t, 64, 2 << 20) == 0);
 	REQUIRE(put(&t, "key", "0123456789") == KV_OK);
 	s = kv_table_find(&t, "key", 3);
 	v = kv_table_val(&t, s->off, 3);
@@ -106,24 +107,38 @@ static int test_block_change_detected(void)
 	return TEST_RESULT();
 }
 
-static int test_quarantine_and_reuse(void)
+static int test_quarantine_split_merge(void)
 {
 	struct kv_table t;
-	int64_t a, b, c;
+	int64_t a, b, c, x, y;
+	const uint32_t big = (1u << 20) + 1;	/* a 2 MiB block */
+	int n = 0;
 
-	REQUIRE(kv_table_init(&t, 64, 4096) == 0);
-	a = kv_table_alloc(&t, 1, 100);	/* 128-byte class */
+	REQUIRE(kv_table_init(&t, 64, 4u << 20) == 0);	/* two 2 MiB blocks */
+	a = kv_table_alloc(&t, 1, big);
 	REQUIRE(a >= 0);
-	kv_table_release(&t, (uint64_t)a, 1, 100);
-	b = kv_table_alloc(&t, 1, 100);
-	EXPECT_NE(b, a);		/* freed just now: fresh space instead */
+	kv_table_release(&t, (uint64_t)a, 1, big);
+	b = kv_table_alloc(&t, 1, big);
+	EXPECT_TRUE(b >= 0 && b != a);	/* freed just now: the other one */
+	c = kv_table_alloc(&t, 1, big);
+	EXPECT_EQ(c, a);		/* full: the quarantine gives way */
+	EXPECT_EQ(kv_table_alloc(&t, 1, 10), -ENOSPC);
+	kv_table_release(&t, (uint64_t)b, 1, big);
+	kv_table_release(&t, (uint64_t)c, 1, big);
 	usleep(60000);
-	c = kv_table_alloc(&t, 1, 100);
-	EXPECT_EQ(c, a);		/* after the quarantine: reused */
-	/* the heap's end: refused, never past it */
-	while ((a = kv_table_alloc(&t, 1, 1000)) >= 0)
-		EXPECT_TRUE((uint64_t)a + 1024 <= 4096);
-	EXPECT_EQ(a, -ENOSPC);
+	/* small blocks split a big one, within the heap, never overlapping */
+	while ((x = kv_table_alloc(&t, 1, 100)) >= 0) {
+		EXPECT_TRUE((uint64_t)x + 128 <= t.heap_len && x % 128 == 0);
+		n++;
+	}
+	EXPECT_EQ(n, (4 << 20) / 128);
+	/* freed, they merge back into blocks big enough for 1 MiB values */
+	for (uint64_t off = 0; off < t.heap_len; off += 128)
+		kv_table_release(&t, off, 1, 100);
+	usleep(60000);
+	x = kv_table_alloc(&t, 1, big);
+	y = kv_table_alloc(&t, 1, big);
+	EXPECT_TRUE(x >= 0 && y >= 0 && x != y);
 	EXPECT_EQ(kv_table_alloc(&t, 64, KV_MAX_VAL * 2), -ENOSPC);
 	kv_table_free(&t);
 	return TEST_RESULT();
@@ -135,7 +150,7 @@ static int test_full_bucket(void)
 	int ok = 0, full = 0;
 
 	/* one bucket: the ninth key has no slot */
-	REQUIRE(kv_table_init(&t, 1, 1 << 20) == 0);
+	REQUIRE(kv_table_init(&t, 1, 2 << 20) == 0);
 	for (int i = 0; i < KV_SLOTS + 1; i++) {
 		char key[16];
 
@@ -158,7 +173,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(put_get_del, "PUT, overwrite, GET, DELETE"),
 	TEST_ENTRY(torn_slot_detected, "a slot read halfway through a change fails its check"),
 	TEST_ENTRY(block_change_detected, "a value rewritten under a reader fails its checksum"),
-	TEST_ENTRY(quarantine_and_reuse, "freed blocks wait, then are reused; the heap's end holds"),
+	TEST_ENTRY(quarantine_split_merge, "freed blocks wait; big blocks split, small ones merge back"),
 	TEST_ENTRY(full_bucket, "a full bucket refuses a new key; a deleted slot is reused"),
 };
 
