@@ -36,7 +36,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit_%)
 FUNC_BIN := $(FUNC_SRC:tests/func/%.c=$(BUILD)/tests/func_%)
 HARNESS := tests/harness.c
 
-.PHONY: all test sanitize demo install clean tests bench fuzz
+.PHONY: all test sanitize demo install clean tests bench bench-quick fuzz
 BENCH_BIN := $(BUILD)/bench/samehost $(BUILD)/bench/netpeer $(BUILD)/bench/regcost
 STUBS := $(BUILD)/lib/libmlx5.so.1 $(BUILD)/lib/libefa.so.1
 all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(BUILD)/bin/ursa-kv $(STUBS)
@@ -124,9 +124,13 @@ $(BUILD)/bench/%: bench/%.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) -Wno-unused-result $< -o $@ $(APP_LDFLAGS) -libverbs
 
+# The benchmark report (bench/report.sh): bench/out/report.md, CSV, SVG.
 bench: all $(BENCH_BIN)
-	LD_LIBRARY_PATH=$(BUILD)/lib $(BUILD)/bench/samehost $(BENCH_ARGS)
-	sh bench/hosts.sh $(BUILD)
+	sh bench/report.sh $(BUILD)
+
+# The same in about a minute: CI's smoke run (asserts no speed).
+bench-quick: all $(BENCH_BIN)
+	sh bench/report.sh --quick $(BUILD)
 
 test: all tests $(BENCH_BIN)
 	@BUILD=$(BUILD) sh tests/run.sh

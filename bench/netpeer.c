@@ -8,13 +8,18 @@
  *   netpeer udp-client IP PORT N SIZE    -> "udp_oneway_us median p99"
  *   netpeer tcp-server PORT          swallow a stream
  *   netpeer tcp-client IP PORT MIB       -> "tcp_MBps value"
+ *   netpeer cputime CMD [ARGS]       run CMD; its CPU time (user + system,
+ *                                    children included) on stderr as
+ *                                    "cpu_s value"; exits as CMD did
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,6 +44,21 @@ int main(int argc, char **argv)
 	static char buf[1 << 20];
 	int s, one = 1;
 
+	if (argc >= 3 && !strcmp(argv[1], "cputime")) {
+		struct rusage ru;
+		int status;
+		pid_t pid = fork();
+
+		if (pid == 0) {
+			execvp(argv[2], argv + 2);
+			_exit(127);
+		}
+		if (pid < 0 || wait4(pid, &status, 0, &ru) != pid)
+			return 1;
+		fprintf(stderr, "cpu_s %.3f\n", (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+			(double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6);
+		return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+	}
 	if (argc < 3)
 		return 2;
 	sa.sin_port = htons((uint16_t)atoi(argv[argc >= 4 && strstr(argv[1], "client") ? 3 : 2]));

@@ -2,11 +2,15 @@
 # deps.sh - make sure the Debian packages ursa needs are installed.
 # As root: installs what is missing with apt-get. Otherwise: prints the
 # exact apt-get line and fails.
-#   usage: scripts/deps.sh build|test
+#   usage: scripts/deps.sh build|test|bench
 set -e
 need="gcc make libc6-dev libibverbs-dev"
-if [ "$1" = test ]; then
+if [ "$1" = test ] || [ "$1" = bench ]; then
 	need="$need ibverbs-utils perftest binutils iproute2 procps iptables tshark"
+fi
+if [ "$1" = bench ]; then
+	# the peers and the plots of the benchmark report (each optional there)
+	need="$need gnuplot-nox ucx-utils redis-server redis-tools"
 fi
 missing=""
 for p in $need; do
