@@ -46,7 +46,7 @@ say "machine"
 	echo "cpu: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) online"
 	echo "memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
 	echo "kernel: $(uname -r); $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-}")"
-	echo "date: $(date -u +%Y-%m-%dT%H:%MZ); mode: ${QUICK:+quick}${QUICK:-full}"
+	echo "date: $(date -u +%Y-%m-%dT%H:%MZ); mode: $([ -n "$QUICK" ] && echo quick || echo full)"
 } >"$OUT/machine.txt"
 
 # --- 2. same host: ursa against memcpy and the cache-line ping-pong -----------
@@ -112,25 +112,27 @@ wait
 
 # --- 6. UCX (ucx_perftest) over shared memory and TCP --------------------------
 say "UCX ucx_perftest: shared memory and TCP"
-echo "tls,test,bytes,p50_us,MBps" >"$OUT/ucx.csv"
+echo "transport,test,bytes,p50_us,MBps" >"$OUT/ucx.csv"
 if have ucx_perftest; then
 	port=13337
-	ucx() { # TLS TEST SIZE ITERS
+	ucx() { # NAME TEST SIZE ITERS (UCX_TLS set by the caller)
 		port=$((port + 1))
-		UCX_TLS=$1 timeout 60 ucx_perftest -p $port >/dev/null 2>&1 &
+		timeout 60 ucx_perftest -p $port >/dev/null 2>&1 &
 		sleep 0.4
-		UCX_TLS=$1 timeout 60 ucx_perftest 127.0.0.1 -p $port -t $2 -s $3 -n $4 2>/dev/null |
+		timeout 60 ucx_perftest 127.0.0.1 -p $port -t $2 -s $3 -n $4 2>/dev/null |
 			awk -v t=$1 -v x=$2 -v s=$3 '/^Final:/ {print t "," x "," s "," $3 "," $7}' >>"$OUT/ucx.csv"
 		wait
 	}
 	if [ -n "$QUICK" ]; then USZ="8"; else USZ="8 64 512 4096 32768 262144 1048576"; fi
-	for tls in "posix,self" tcp; do
+	for tls in shm tcp; do
+		if [ $tls = shm ]; then export UCX_TLS=posix,self; else export UCX_TLS=tcp; fi
 		for sz in $USZ; do
 			ucx $tls tag_lat $sz $N_LAT
 			ucx $tls tag_bw $sz $N_BW
 		done
 		ucx $tls put_lat 8 $N_LAT
 	done
+	unset UCX_TLS
 else
 	note "ucx_perftest not installed: no UCX rows (apt-get install ucx-utils)"
 fi
@@ -154,14 +156,14 @@ say "plots and report"
 if have gnuplot; then
 	awk -F, '$1 == "bw" && $2 == "write" && $4 == 1 {print $3, $5, $7}' "$OUT/samehost.csv" >"$OUT/p_bw_write.dat"
 	awk -F, '$1 == "bw" && $2 == "read" && $4 == 1 {print $3, $5}' "$OUT/samehost.csv" >"$OUT/p_bw_read.dat"
-	awk -F, '$1 == "posix,self" && $2 == "tag_bw" {print $3, $5 / 1000}' "$OUT/ucx.csv" >"$OUT/p_bw_ucx_shm.dat"
+	awk -F, '$1 == "shm" && $2 == "tag_bw" {print $3, $5 / 1000}' "$OUT/ucx.csv" >"$OUT/p_bw_ucx_shm.dat"
 	awk -F, '$1 == "tcp" && $2 == "tag_bw" {print $3, $5 / 1000}' "$OUT/ucx.csv" >"$OUT/p_bw_ucx_tcp.dat"
 	awk -F, '$1 == "write" {print $2, $4 / 1000}' "$OUT/perftest_bw.csv" >"$OUT/p_bw_pt.dat"
 	awk -F, '$1 == "write" {print $2, $3}' "$OUT/perftest_lat.csv" >"$OUT/p_lat_write.dat"
 	awk -F, '$1 == "send" {print $2, $3}' "$OUT/perftest_lat.csv" >"$OUT/p_lat_send.dat"
 	awk -F, '$1 == "read" {print $2, $3}' "$OUT/perftest_lat.csv" >"$OUT/p_lat_read.dat"
 	awk -F, 'NR > 1 {print $1, $2}' "$OUT/udp_lat.csv" >"$OUT/p_lat_udp.dat"
-	awk -F, '$1 == "posix,self" && $2 == "tag_lat" {print $3, $4}' "$OUT/ucx.csv" >"$OUT/p_lat_ucx_shm.dat"
+	awk -F, '$1 == "shm" && $2 == "tag_lat" {print $3, $4}' "$OUT/ucx.csv" >"$OUT/p_lat_ucx_shm.dat"
 	awk -F, '$1 == "tcp" && $2 == "tag_lat" {print $3, $4}' "$OUT/ucx.csv" >"$OUT/p_lat_ucx_tcp.dat"
 	for k in 4k thp odp mlock; do
 		awk -F, -v k=$k '$2 == k {print $1, $3}' "$OUT/regcost.csv" >"$OUT/p_reg_$k.dat"
@@ -212,7 +214,7 @@ if have gnuplot; then
 		"p_reg_thp.dat|ibv_reg_mr, transparent huge pages" \
 		"p_reg_odp.dat|ibv_reg_mr, on demand (no pinning)" \
 		"p_reg_mlock.dat|mlock + munlock (the floor of pinning)"
-	rm -f "$OUT"/p_*.dat
+	rm -f "$OUT"/p_*.dat "$OUT"/cpu_srv "$OUT"/cpu_cli
 else
 	note "gnuplot not installed: no plots (apt-get install gnuplot-nox)"
 fi
@@ -266,9 +268,10 @@ csvtable() { # FILE: a CSV as a Markdown table
 
 # what a smoke run checks: every part produced its figures (not their values)
 bad=0
-for f in samehost.csv regcost.csv udp_lat.csv tcp.csv; do
+for f in samehost.csv regcost.csv udp_lat.csv; do
 	[ "$(wc -l <"$OUT/$f")" -ge 2 ] || { echo "missing figures: $f" >&2; bad=1; }
 done
+grep -q "^tcp_loopback_MBps,[0-9]" "$OUT/tcp.csv" || { echo "missing figures: tcp.csv" >&2; bad=1; }
 if have ib_write_lat && [ "$(wc -l <"$OUT/perftest_lat.csv")" -lt 2 ]; then
 	echo "missing figures: perftest_lat.csv" >&2; bad=1
 fi

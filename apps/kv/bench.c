@@ -261,7 +261,7 @@ static void print_table(FILE *f, const struct row *rows, int n, int nclients,
 	if (md) {
 		fprintf(f, "| GET path | p50 (µs) | p99 (µs) | GETs/s, 1 client | GETs/s, %d clients "
 			"| server CPU/GET, request thread (µs) | server CPU/GET, process (µs) "
-			"| p50 vs tcp |\n|---|---|---|---|---|---|---|---|\n", nclients);
+			"| tcp p50 / this p50 |\n|---|---|---|---|---|---|---|---|\n", nclients);
 	} else {
 		fprintf(f, "%-6s %9s %9s %12s %12s %12s %12s %9s\n", "GET", "p50 us", "p99 us",
 			"GET/s 1cl", "GET/s Ncl", "srv app us", "srv proc us", "p50/tcp");
@@ -275,7 +275,7 @@ static void print_table(FILE *f, const struct row *rows, int n, int nclients,
 				r->name);
 			continue;
 		}
-		fprintf(f, md ? "| %s | %.1f | %.1f | %.0f | %.0f | %.2f | %.2f | %.2fx lower |\n" :
+		fprintf(f, md ? "| %s | %.1f | %.1f | %.0f | %.0f | %.2f | %.2f | %.2fx |\n" :
 				"%-6s %9.1f %9.1f %12.0f %12.0f %12.2f %12.2f %8.2fx\n",
 			r->name, r->p50, r->p99, r->tput1, r->tputn, r->app_us, r->proc_us, ratio);
 	}
