@@ -130,7 +130,6 @@ if have ucx_perftest; then
 			ucx $tls tag_lat $sz $N_LAT
 			ucx $tls tag_bw $sz $N_BW
 		done
-		ucx $tls put_lat 8 $N_LAT
 	done
 	unset UCX_TLS
 else
