@@ -2,8 +2,12 @@
 # hosts.sh - RoCEv2 between two namespaces (behind a router namespace),
 # next to the limits of the same path measured in the same run: a raw UDP
 # ping-pong and a TCP stream. Needs root. Reports; asserts nothing.
-#   bench/hosts.sh [BUILD]
+#   bench/hosts.sh [BUILD] [CSV]
+# With CSV, also latency of WRITE, SEND, READ and atomics and bandwidth of
+# WRITE, READ and SEND from 64 B to 1 MiB (perftest), one row per figure:
+#   kind,op,bytes,value (typical us | MB/s),extra (p99 us | Mpps)
 BUILD=${1:-build}
+CSV=${2:-}
 LIB="$(cd "$BUILD/lib" && pwd)"
 NP="$(cd "$BUILD/bench" && pwd)/netpeer"
 tmp=$(mktemp -d)
@@ -43,3 +47,19 @@ awk -v a="$s_med" -v b="$u_med" 'BEGIN {printf "  64 B RC SEND           %8.2f  
 echo
 echo "bandwidth (MB/s)                      peer: TCP stream        ratio (target >= 1)"
 awk -v a="$w_bw" -v b="$t_bw" 'BEGIN {printf "  1 MiB RC WRITE        %8.1f     %8.1f                  %5.2fx\n", a, b, a / b}'
+if [ -n "$CSV" ]; then
+	echo "kind,op,bytes,value,extra" >"$CSV"
+	echo "limit,udp_oneway_us,64,$u_med," >>"$CSV"
+	echo "limit,tcp_MBps,0,$t_bw," >>"$CSV"
+	for op in write send read; do
+		for sz in 8 64 1024 16384 262144; do
+			perf ib_${op}_lat -s $sz -n 1000 | awk -v op=$op '{print "lat," op "," $1 "," $5 "," $8}' >>"$CSV"
+		done
+	done
+	perf ib_atomic_lat -n 1000 | awk '{print "lat,atomic," $1 "," $5 "," $8}' >>"$CSV"
+	for op in write read send; do
+		for sz in 64 1024 16384 262144 1048576; do
+			perf ib_${op}_bw -s $sz -n 200 | awk -v op=$op '{print "bw," op "," $1 "," $4 "," $5}' >>"$CSV"
+		done
+	done
+fi

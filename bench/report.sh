@@ -72,7 +72,7 @@ if have ib_write_lat && have ib_write_bw; then
 			awk -v op=$op '{print op "," $1 "," $5 "," $8}' >>"$OUT/perftest_lat.csv"
 	done
 	pt ib_atomic_lat -n $N_LAT | rows | awk '{print "atomic," $1 "," $5 "," $8}' >>"$OUT/perftest_lat.csv"
-	for op in write read; do
+	for op in write read send; do
 		pt ib_${op}_bw $SIZES -n $N_BW | rows |
 			awk -v op=$op '{print op "," $1 ",1," $4 "," $5}' >>"$OUT/perftest_bw.csv"
 	done
@@ -123,11 +123,14 @@ if have ucx_perftest; then
 			awk -v t=$1 -v x=$2 -v s=$3 '/^Final:/ {print t "," x "," s "," $3 "," $7}' >>"$OUT/ucx.csv"
 		wait
 	}
-	if [ -n "$QUICK" ]; then USZ="8"; else USZ="8 64 512 4096 32768 262144 1048576"; fi
+	if [ -n "$QUICK" ]; then LSZ="8"; BSZ="1048576"
+	else LSZ="8 64 512 4096 32768 262144 1048576"; BSZ="$LSZ 16777216"; fi
 	for tls in shm tcp; do
 		if [ $tls = shm ]; then export UCX_TLS=posix,self; else export UCX_TLS=tcp; fi
-		for sz in $USZ; do
+		for sz in $LSZ; do
 			ucx $tls tag_lat $sz $N_LAT
+		done
+		for sz in $BSZ; do
 			ucx $tls tag_bw $sz $N_BW
 		done
 	done
@@ -141,7 +144,7 @@ say "RoCEv2 between two network namespaces"
 if [ -n "$QUICK" ]; then
 	echo "(not in the quick run)" >"$OUT/hosts.txt"
 elif [ "$(id -u)" = 0 ]; then
-	sh "$(dirname "$0")/hosts.sh" "$BUILD" >"$OUT/hosts.txt" 2>&1 || note "hosts.sh failed"
+	sh "$(dirname "$0")/hosts.sh" "$BUILD" "$OUT/hosts.csv" >"$OUT/hosts.txt" 2>&1 || note "hosts.sh failed"
 else
 	echo "(needs root for network namespaces)" >"$OUT/hosts.txt"
 fi
@@ -162,6 +165,10 @@ if have gnuplot; then
 	awk -F, '$1 == "send" {print $2, $3}' "$OUT/perftest_lat.csv" >"$OUT/p_lat_send.dat"
 	awk -F, '$1 == "read" {print $2, $3}' "$OUT/perftest_lat.csv" >"$OUT/p_lat_read.dat"
 	awk -F, 'NR > 1 {print $1, $2}' "$OUT/udp_lat.csv" >"$OUT/p_lat_udp.dat"
+	if [ -s "$OUT/hosts.csv" ]; then
+		awk -F, '$1 == "lat" && $2 == "write" {print $3, $4}' "$OUT/hosts.csv" >"$OUT/p_lat_hosts.dat"
+		awk -F, '$1 == "bw" && $2 == "write" {print $3, $4 / 1000}' "$OUT/hosts.csv" >"$OUT/p_bw_hosts.dat"
+	fi
 	awk -F, '$1 == "shm" && $2 == "tag_lat" {print $3, $4}' "$OUT/ucx.csv" >"$OUT/p_lat_ucx_shm.dat"
 	awk -F, '$1 == "tcp" && $2 == "tag_lat" {print $3, $4}' "$OUT/ucx.csv" >"$OUT/p_lat_ucx_tcp.dat"
 	for k in 4k thp odp mlock; do
@@ -196,7 +203,8 @@ if have gnuplot; then
 		"p_lat_read.dat|ursa READ round trip (ib_read_lat)" \
 		"p_lat_ucx_shm.dat|UCX tag, shared memory" \
 		"p_lat_ucx_tcp.dat|UCX tag, TCP" \
-		"p_lat_udp.dat|UDP ping-pong one way (loopback)"
+		"p_lat_udp.dat|UDP ping-pong one way (loopback)" \
+		"p_lat_hosts.dat|ursa WRITE one way, between namespaces (RoCEv2)"
 	# memcpy of each size, as a third column of the write file
 	if [ -s "$OUT/p_bw_write.dat" ]; then
 		awk '{print $1, $3}' "$OUT/p_bw_write.dat" >"$OUT/p_bw_memcpy.dat"
@@ -206,7 +214,8 @@ if have gnuplot; then
 			"p_bw_read.dat|ursa READ, 1 QP (bench/samehost)" \
 			"p_bw_pt.dat|ursa WRITE (ib_write_bw)" \
 			"p_bw_ucx_shm.dat|UCX tag, shared memory" \
-			"p_bw_ucx_tcp.dat|UCX tag, TCP"
+			"p_bw_ucx_tcp.dat|UCX tag, TCP" \
+			"p_bw_hosts.dat|ursa WRITE between namespaces (RoCEv2)"
 	fi
 	plot registration.svg "Registration + deregistration versus size (lower is better)" "microseconds" \
 		"p_reg_4k.dat|ibv_reg_mr, 4 KiB pages" \
@@ -218,6 +227,58 @@ else
 	note "gnuplot not installed: no plots (apt-get install gnuplot-nox)"
 fi
 
+# --- the summary: key figures and their ratios to the limits and peers ---------
+get() { # FILE AWK-CONDITION FIELD: the first matching value, or empty
+	[ -s "$1" ] && awk -F, "$2 {print \$$3; exit}" "$1"
+}
+row() { # NAME URSA UNIT REF REF-NAME
+	if [ -n "$2" ] && [ -n "$4" ]; then
+		awk -v n="$1" -v a="$2" -v u="$3" -v b="$4" -v r="$5" \
+			'BEGIN {printf "| %s | %s %s | %s %s (%s) | %.2fx |\n", n, a, u, b, u, r, (b > 0 ? a / b : 0)}'
+	else
+		echo "| $1 | ${2:+$2 $3}${2:-not measured} | ${4:+$4 $3 }${4:-not measured }($5) | |"
+	fi
+}
+S="$OUT/samehost.csv"; H="$OUT/hosts.csv"; U="$OUT/ucx.csv"
+{
+	echo "| figure | ursa | limit or peer | ursa / it |"
+	echo "|---|---|---|---|"
+	row "8 B WRITE one way, one host" "$(get "$S" '$1=="lat"&&$2=="write"' 5)" µs \
+		"$(get "$S" '$1=="lat"&&$2=="write"' 7)" "cache-line ping-pong"
+	row "8 B SEND one way, one host" "$(get "$S" '$1=="lat"&&$2=="send"' 5)" µs \
+		"$(get "$U" '$1=="shm"&&$2=="tag_lat"&&$3==8' 4)" "UCX shared memory"
+	row "8 B READ round trip, one host" "$(get "$S" '$1=="lat"&&$2=="read"' 5)" µs \
+		"$(get "$S" '$1=="lat"&&$2=="read"' 7)" "2 x cache-line ping-pong"
+	for sz in 1048576 16777216; do
+		row "WRITE $((sz >> 20)) MiB, 1 QP, one host" \
+			"$(get "$S" "\$1==\"bw\"&&\$2==\"write\"&&\$3==$sz&&\$4==1" 5)" GB/s \
+			"$(get "$S" "\$1==\"bw\"&&\$2==\"write\"&&\$3==$sz&&\$4==1" 7)" "memcpy"
+		row "WRITE $((sz >> 20)) MiB, 1 QP, one host" \
+			"$(get "$S" "\$1==\"bw\"&&\$2==\"write\"&&\$3==$sz&&\$4==1" 5)" GB/s \
+			"$(get "$U" "\$1==\"shm\"&&\$2==\"tag_bw\"&&\$3==$sz" 5 | awk '{if ($1 != "") print $1 / 1000}')" \
+			"UCX shared memory"
+	done
+	row "1 MiB ib_write_bw, one host" "$(get "$OUT/perftest_bw.csv" '$1=="write"&&$2==1048576' 4)" MB/s \
+		"$(get "$OUT/tcp.csv" 1 2)" "TCP stream, loopback"
+	row "registration, 4 KiB" "$(get "$OUT/regcost.csv" '$1==4096&&$2=="4k"' 3)" µs \
+		"$(get "$OUT/regcost.csv" '$1==4096&&$2=="mlock"' 3)" "mlock + munlock"
+	row "registration, 64 MiB" "$(get "$OUT/regcost.csv" '$1==67108864&&$2=="4k"' 3)" µs \
+		"$(get "$OUT/regcost.csv" '$1==67108864&&$2=="mlock"' 3)" "mlock + munlock"
+	row "64 B WRITE one way, between namespaces" "$(get "$H" '$1=="lat"&&$2=="write"&&$3==64' 4)" µs \
+		"$(get "$H" '$2=="udp_oneway_us"' 4)" "UDP ping-pong"
+	row "1 MiB WRITE, between namespaces" "$(get "$H" '$1=="bw"&&$2=="write"&&$3==1048576' 4)" MB/s \
+		"$(get "$H" '$2=="tcp_MBps"' 4)" "TCP stream"
+	if [ -s "$OUT/kv.md" ]; then
+		kvr=$(awk -F'|' '/^\| read /{gsub(/ /, "", $3); print $3; exit}' "$OUT/kv.md")
+		kvt=$(awk -F'|' '/^\| tcp /{gsub(/ /, "", $3); print $3; exit}' "$OUT/kv.md")
+		kvx=$(awk -F'|' '/^\| redis /{gsub(/ /, "", $3); print $3; exit}' "$OUT/kv.md")
+		row "KV GET p50 by READ, one host" "$kvr" µs "$kvt" "KV GET by TCP"
+		row "KV GET p50 by READ, one host" "$kvr" µs "$kvx" "Redis GET"
+	fi
+} >"$OUT/summary.md"
+echo >&2
+cat "$OUT/summary.md" >&2
+
 # the report: every table, as measured; the reading is for a person to add
 csvtable() { # FILE: a CSV as a Markdown table
 	awk -F, 'NR == 1 {h = "|"; s = "|"; for (i = 1; i <= NF; i++) {h = h " " $i " |"; s = s "---|"}
@@ -228,6 +289,10 @@ csvtable() { # FILE: a CSV as a Markdown table
 	echo "# ursa benchmark report"
 	echo
 	sed 's/^/    /' "$OUT/machine.txt"
+	echo
+	echo "## Summary"
+	echo
+	cat "$OUT/summary.md"
 	echo
 	echo "## Same host: ursa between two processes (bench/samehost)"
 	echo
@@ -254,6 +319,7 @@ csvtable() { # FILE: a CSV as a Markdown table
 	echo
 	echo '```'; cat "$OUT/hosts.txt"; echo '```'
 	echo
+	[ -s "$OUT/hosts.csv" ] && { csvtable "$OUT/hosts.csv"; echo; }
 	echo "## Key-value store (bench/kv.sh)"
 	echo
 	if [ -s "$OUT/kv.md" ]; then cat "$OUT/kv.md"; else echo '```'; cat "$OUT/kv.txt"; echo '```'; fi
