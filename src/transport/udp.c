@@ -469,7 +469,6 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 
 static int poll_sock(int fd, bool v6);
 
-
 /* Receive from the side sockets (under U.rx). */
 static int fwd_poll(void)
 {
