@@ -236,7 +236,9 @@ row() { # NAME URSA UNIT REF REF-NAME
 		awk -v n="$1" -v a="$2" -v u="$3" -v b="$4" -v r="$5" \
 			'BEGIN {printf "| %s | %s %s | %s %s (%s) | %.2fx |\n", n, a, u, b, u, r, (b > 0 ? a / b : 0)}'
 	else
-		echo "| $1 | ${2:+$2 $3}${2:-not measured} | ${4:+$4 $3 }${4:-not measured }($5) | |"
+		u="not measured"; [ -n "$2" ] && u="$2 $3"
+		r="not measured"; [ -n "$4" ] && r="$4 $3"
+		echo "| $1 | $u | $r ($5) | |"
 	fi
 }
 S="$OUT/samehost.csv"; H="$OUT/hosts.csv"; U="$OUT/ucx.csv"
