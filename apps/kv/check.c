@@ -259,14 +259,26 @@ static void bad_requests(struct kv_client *c)
 
 struct wres {
 	uint64_t ops, gets, torn, stale, errors, retries;
-	char first[160];	/* what the first failure was */
+	char first[256];	/* what the first failure was */
 };
 
 #define NOTE(res, ...)                                                 \
 	do {                                                           \
-		if (!(res).first[0])                                   \
+		if (!(res).first[0]) {                                 \
 			snprintf((res).first, sizeof((res).first), __VA_ARGS__); \
+			note_why((res).first, sizeof((res).first));    \
+		}                                                      \
 	} while (0)
+
+static struct kv_client *cur;	/* the worker's client, for NOTE */
+
+static void note_why(char *s, size_t n)
+{
+	size_t l = strlen(s);
+
+	if (cur && kvc_why(cur)[0] && l + 3 < n)
+		snprintf(s + l, n - l, " [%s]", kvc_why(cur));
+}
 
 static uint32_t pick_size(uint64_t *r)
 {
@@ -289,6 +301,7 @@ static void worker(int w, int nworkers, double secs, int fd)
 	struct kv_client *c = kvc_open(host, port, true);
 	double t0 = kv_now();
 
+	cur = c;
 	if (!c) {
 		res.errors++;
 		NOTE(res, "connect: %s", strerror(errno));
@@ -425,7 +438,7 @@ static void stress(int nworkers, double secs, bool kill_one)
 	pid_t pids[WORKERS_MAX], vpid = -1;
 	struct wres sum = { 0 };
 	int died = 0;
-	char first[160] = "";
+	char first[256] = "";
 
 	if (pipe(pfd))
 		return;

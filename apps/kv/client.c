@@ -51,6 +51,7 @@ struct kv_client {
 	uint8_t *buf;
 	struct kv_welcome w;
 	uint64_t id, retries;
+	char why[96];		/* the last failure, for people */
 	/* key -> block locations seen (one-sided GET), direct-mapped */
 	struct { uint64_t khash, off; uint32_t klen, vlen; } loc[4096];
 };
@@ -76,6 +77,11 @@ int kv_path_parse(const char *s, enum kv_path *p)
 uint64_t kvc_retries(const struct kv_client *c)
 {
 	return c->retries;
+}
+
+const char *kvc_why(const struct kv_client *c)
+{
+	return c->why;
 }
 
 static void teardown(struct kv_client *c)
@@ -234,8 +240,11 @@ static int wait_wc(struct kv_client *c, uint64_t a, uint64_t b, struct ibv_wc *w
 		if (n < 0)
 			return -EIO;
 		if (n == 1) {
-			if (wc.status != IBV_WC_SUCCESS)
+			if (wc.status != IBV_WC_SUCCESS) {
+				snprintf(c->why, sizeof(c->why), "%s (vendor error 0x%x)",
+					 ibv_wc_status_str(wc.status), wc.vendor_err);
 				return -EIO;
+			}
 			if (wc.wr_id == a) {
 				got_a = true;
 			} else if (b && wc.wr_id == b) {

@@ -41,6 +41,8 @@ int kvc_del(struct kv_client *c, enum kv_path p, const void *key,
 int kvc_stats(struct kv_client *c, struct kv_stats *st);
 /* One-sided GETs that had to read again (torn or moved entries). */
 uint64_t kvc_retries(const struct kv_client *c);
+/* What the last failed verbs operation completed with ("" if none). */
+const char *kvc_why(const struct kv_client *c);
 const char *kv_path_name(enum kv_path p);
 int kv_path_parse(const char *s, enum kv_path *p);
 

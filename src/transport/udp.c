@@ -82,6 +82,7 @@ static struct {
 	int fwd_ep;		/* epoll set: fwd and its connections */
 	bool tried;		/* environment read */
 	bool socks_tried;	/* sockets opened (again in a forked child) */
+	int users;		/* open contexts (under lock) */
 	uint16_t port;
 	FILE *pcap;
 	/* fault injection (URSA_FAULT): per-mille probabilities */
@@ -691,6 +692,7 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 				close(fd);
 		}
 	}
+	U.users++;
 	pthread_mutex_unlock(&U.lock);
 	if (U.fd >= 0 && ctx->eng)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd, &ev);
@@ -701,6 +703,8 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 	return U.fd >= 0 ? 0 : -EADDRINUSE;
 }
 
+static void socks_close(void);
+
 void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 {
 	if (U.fd >= 0 && ctx->eng && ctx->eng->epfd >= 0)
@@ -709,6 +713,17 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fwd_ep, NULL);
 	if (U.fd6 >= 0 && ctx->eng && ctx->eng->epfd >= 0)
 		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd6, NULL);
+	/* The last context: leave the port's reuseport group. A socket
+	 * nobody polls would swallow every flow the kernel hashes to it
+	 * (a forked KV client's flow once landed on the socket of its
+	 * parent, which had closed its device, and ran out of retries).
+	 * U.rx first: a pass of the stopping engine may be reading. */
+	pthread_mutex_lock(&U.rx);
+	pthread_mutex_lock(&U.lock);
+	if (U.users > 0 && --U.users == 0)
+		socks_close();
+	pthread_mutex_unlock(&U.lock);
+	pthread_mutex_unlock(&U.rx);
 }
 
 /*
@@ -1923,11 +1938,22 @@ int ursa_udp_poll(void)
  */
 void ursa_udp_atfork_child(void)
 {
-	int *fds[] = { &U.fd, &U.fd6, &U.fwd, &U.fwd_ep };
-
 	pthread_mutex_init(&U.lock, NULL);
 	pthread_mutex_init(&U.rx, NULL);
 	pthread_mutex_init(&U.fault_lock, NULL);
+	socks_close();
+	U.users = 0;
+	U.held_len = 0;
+	txb.n = 0;		/* the parent's packets */
+	delay_n = 0;
+}
+
+/* Close the receive side (the next context opens it again): the RoCEv2
+ * sockets, the forwarding listener, its connections and epoll set. */
+static void socks_close(void)
+{
+	int *fds[] = { &U.fd, &U.fd6, &U.fwd, &U.fwd_ep };
+
 	for (unsigned i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
 		if (*fds[i] >= 0)
 			close(*fds[i]);
@@ -1940,8 +1966,5 @@ void ursa_udp_atfork_child(void)
 	}
 	while (grave.n)
 		close(grave.fd[--grave.n]);
-	U.held_len = 0;
-	txb.n = 0;		/* the parent's packets */
-	delay_n = 0;
 	U.socks_tried = false;
 }

@@ -40,6 +40,7 @@ tally() { # FILE NAME-PREFIX
 		case "$l" in
 		"ok   "*) ok "$2${l#ok   }";;
 		"FAIL "*) bad "$2${l#FAIL }" "";;
+		"     "*) echo "$l";;	# a check's detail
 		esac
 	done <"$1"
 }
@@ -81,7 +82,7 @@ if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add ursa_kvprobe_$
 			>"$tmp/h" 2>&1
 		rc=$?
 		tally "$tmp/h" "two hosts: "
-		[ $rc = 0 ] || bad "two hosts: check exit status" "$rc"
+		[ $rc = 0 ] || { bad "two hosts: check exit status" "$rc"; tail -5 "$tmp/srv" | sed 's/^/     server: /'; }
 	else
 		bad "two hosts" "namespaces or server: $(cat "$tmp/srv")"
 	fi
