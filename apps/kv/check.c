@@ -342,7 +342,11 @@ static void worker(int w, int nworkers, double secs, int fd)
 			res.gets++;
 			st = kvc_get(c, gp, key, (uint32_t)strlen(key), out, sizeof(out), &len);
 			if (!live[k]) {
-				if (st != KV_NOTFOUND) {
+				if (st != KV_NOTFOUND && st != KV_OK) {
+					res.errors++;
+					NOTE(res, "GET %s by %s after DELETE: %s", key,
+					     kv_path_name(gp), kv_status_str(st));
+				} else if (st != KV_NOTFOUND) {
 					res.stale++;
 					NOTE(res, "GET %s by %s after DELETE: %s", key,
 					     kv_path_name(gp), kv_status_str(st));
