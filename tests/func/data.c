@@ -215,6 +215,27 @@ static int test_write_imm(void)
 	}
 	EXPECT_TRUE(seen_recv);
 	EXPECT_TRUE(!strcmp(p.bbuf + 16, "written"));
+
+	/* No SGE at all, and so no list: sg_list may be NULL (ursa once
+	 * passed that NULL to memcpy; UBSan caught it) */
+	{
+		struct ibv_recv_wr rw = { .wr_id = 56, .sg_list = NULL, .num_sge = 0 }, *rbad;
+
+		REQUIRE(ibv_post_recv(p.b, &rw, &rbad) == 0);
+	}
+	wr.imm_data = htobe32(43);
+	REQUIRE(ibv_post_send(p.a, &wr, &bad) == 0);
+	seen_recv = 0;
+	for (int i = 0; i < 2; i++) {
+		REQUIRE(wait_wc(p.f.cq, &wc, 2000) == 1);
+		EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+		if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+			seen_recv = 1;
+			EXPECT_EQ(wc.wr_id, 56);
+			EXPECT_EQ(be32toh(wc.imm_data), 43);
+		}
+	}
+	EXPECT_TRUE(seen_recv);
 	pair_close(&p);
 	return TEST_RESULT();
 }
@@ -1009,7 +1030,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(send_recv, "SEND/RECV completions and data"),
 	TEST_ENTRY(send_imm_sge_list_inline, "immediate, gather/scatter, inline"),
 	TEST_ENTRY(write_read, "RDMA WRITE and READ, 1 MiB"),
-	TEST_ENTRY(write_imm, "WRITE with immediate consumes a receive"),
+	TEST_ENTRY(write_imm, "WRITE with immediate consumes a receive (also one with no SGE)"),
 	TEST_ENTRY(atomics, "fetch-and-add and compare-and-swap"),
 	TEST_ENTRY(atomics_concurrent_contexts, "atomics from 4 contexts sum exactly"),
 	TEST_ENTRY(two_contexts, "QPs of two contexts"),
