@@ -604,13 +604,26 @@ void ursa_udp_qp_forget(struct ursa_qp *qp)
 	}
 }
 
+/* Close the buried sockets; under U.lock (grave.n is read as a hint
+ * without it, so it is written atomically). */
+static void grave_close(void)
+{
+	while (grave.n) {
+		int n = grave.n - 1;
+
+		close(grave.fd[n]);
+		__atomic_store_n(&grave.n, n, __ATOMIC_RELAXED);
+	}
+}
+
 static void rx_bury(struct ursa_uqp *u)
 {
 	if (u->rxfd < 0)
 		return;
 	pthread_mutex_lock(&U.lock);
 	if (grave.n < (int)(sizeof(grave.fd) / sizeof(grave.fd[0]))) {
-		grave.fd[grave.n++] = u->rxfd;
+		grave.fd[grave.n] = u->rxfd;
+		__atomic_store_n(&grave.n, grave.n + 1, __ATOMIC_RELAXED);
 		pthread_mutex_unlock(&U.lock);
 	} else {
 		/* many QPs gone since the last poll: close it ourselves,
@@ -1230,6 +1243,23 @@ static uint64_t rto_ns(struct ursa_qp *qp)
 	return MIN(timeout_ns(qp), r);
 }
 
+/* Send again from the first unacknowledged packet (a READ asks again
+ * inside its piece, an atomic is resent whole), and back the RTO off. */
+static void go_back(struct ursa_qp *qp, struct ursa_uqp *u, bool atomic,
+		    uint64_t now)
+{
+	atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+	u->m.timing = false;
+	u->backoff++;
+	if (u->m.is_read)
+		u->m.resend_read = true;
+	else
+		u->m.sent = u->m.acked;
+	if (atomic)
+		u->m.sent = 0;
+	u->m.rto = after(now, rto_ns(qp));
+}
+
 bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 {
 	struct ursa_uqp *u = qp->udp;
@@ -1363,30 +1393,10 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		}
 		w->retry_left--;
 		atomic_fetch_add(&qp->cnt.retries, 1);
-		atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
-		u->m.timing = false;
-		u->backoff++;
-		/* go back: a READ asks again inside its piece */
-		if (u->m.is_read)
-			u->m.resend_read = true;
-		else
-			u->m.sent = u->m.acked;
-		if (atomic)
-			u->m.sent = 0;
+		go_back(qp, u, atomic, now);
 		u->m.deadline = after(now, timeout_ns(qp));
-		u->m.rto = after(now, rto_ns(qp));
 	} else if (now >= u->m.rto && rc) {
-		/* early go-back-N (see rto_ns) */
-		atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
-		u->m.timing = false;
-		u->backoff++;
-		if (u->m.is_read)
-			u->m.resend_read = true;
-		else
-			u->m.sent = u->m.acked;
-		if (atomic)
-			u->m.sent = 0;
-		u->m.rto = after(now, rto_ns(qp));
+		go_back(qp, u, atomic, now);	/* early (see rto_ns) */
 	}
 	if (u->m.is_read && !u->m.resend_read && u->m.acked == u->m.sent &&
 	    u->m.acked < u->m.npkts)
@@ -1915,10 +1925,12 @@ int ursa_udp_poll(void)
 		return 0;
 	/* Receive sockets of gone QPs close here, under U.rx, so that no
 	 * poll is reading one when it closes. */
-	pthread_mutex_lock(&U.lock);
-	while (grave.n)
-		close(grave.fd[--grave.n]);
-	pthread_mutex_unlock(&U.lock);
+	if (__atomic_load_n(&grave.n, __ATOMIC_RELAXED)) {
+		/* (a hint read outside the lock; U.lock orders the rest) */
+		pthread_mutex_lock(&U.lock);
+		grave_close();
+		pthread_mutex_unlock(&U.lock);
+	}
 	total += poll_sock(U.fd, false);
 	if (U.fd6 >= 0)
 		total += poll_sock(U.fd6, true);
@@ -1964,7 +1976,6 @@ static void socks_close(void)
 			close(fwd_out[i].fd);
 		fwd_out[i].fd = 0;
 	}
-	while (grave.n)
-		close(grave.fd[--grave.n]);
+	grave_close();
 	U.socks_tried = false;
 }
