@@ -62,6 +62,10 @@ struct ursa_qp_stats {
 	uint64_t pkts_tx, pkts_rx;
 	uint64_t naks_seq, naks_inv, naks_access, naks_op, rnr_rcvd;
 	uint64_t drops;
+	/* same host: bytes this QP's WRITEs and READs moved itself, one
+	 * copy straight into or out of the target's MR, without the target's
+	 * engine (the direct path) */
+	uint64_t direct_bytes;
 };
 
 int ursa_qp_stats(struct ibv_qp *qp, struct ursa_qp_stats *st);

@@ -123,6 +123,8 @@ struct ursa_mr {
 	struct ursa_mtt mtt;
 	uintptr_t pin_start, pin_end;	/* page-aligned pinned range, or 0 */
 	bool odp;
+	uint32_t pub_idx;	   /* 1 + entry in the published table (pub.h) */
+	void *pub_mem;		   /* the table it is in */
 };
 
 enum ursa_mw_state { URSA_MW_FREE = 0, URSA_MW_VALID = 1, URSA_MW_INVALID = 2 };
@@ -219,7 +221,7 @@ struct ursa_qp_counters {
 	atomic_uint_fast64_t rnr_naks, retries, errors, doorbells;
 	/* requester bytes by path: same process, shared-memory slots,
 	 * cross-memory attach (one copy between the MRs) */
-	atomic_uint_fast64_t loop_bytes, ring_bytes, cma_bytes;
+	atomic_uint_fast64_t loop_bytes, ring_bytes, cma_bytes, direct_bytes;
 	/* RoCEv2 (transport/udp.c) */
 	atomic_uint_fast64_t pkts_tx, pkts_rx, naks_seq, naks_inv, naks_access,
 		naks_op, rnr_rcvd, drops;
@@ -258,6 +260,8 @@ struct ursa_qp {
 	void *listen_watch;
 	struct ursa_chan *chans;   /* channels this QP sends on */
 	struct ursa_uqp *udp;	   /* RoCEv2 state (transport/udp.c) */
+	uint32_t pub_slot;	   /* 1 + QP word in the published table */
+	void *pub_mem;
 
 	struct ursa_qp_counters cnt;
 };

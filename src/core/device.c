@@ -14,6 +14,7 @@
  * follow; default: the first non-loopback interface that is up).
  */
 #include "core.h"
+#include "pub.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -255,6 +256,7 @@ static void dev_atfork_child(void)
 	ursa_pinmap_init(&d->pins, &real_pin_ops, memlock_limit());
 	ursa_loop_atfork_child();
 	ursa_udp_atfork_child();
+	ursa_pub_atfork_child();
 }
 
 static void dev_init(void)

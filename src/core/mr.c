@@ -17,6 +17,8 @@
  * messages and counters can name it.
  */
 #include "core.h"
+#include "pub.h"
+#include "../transport/shm.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -50,6 +52,15 @@ static void wait_idle(struct ursa_keyed *k)
 	 * and writes of the memory finish before we unpin and free. */
 	while (atomic_load_explicit(&k->refs, memory_order_acquire) > 0)
 		sched_yield();
+}
+
+/* Take the MR out of the table same-host requesters read (pub.h) and wait
+ * for those that may have read it before: from then on only the target's
+ * own engine reaches the MR, and it checks the state. */
+static void unpublish(struct ursa_mr *mr)
+{
+	if (ursa_pub_mr_del(mr))
+		ursa_shm_quiesce(to_uctx(mr->pd->ibv.context));
 }
 
 static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
@@ -148,6 +159,7 @@ int ursa_mr_reg(struct ursa_pd *pd, void *addr, size_t length, uint64_t iova,
 	/* Release: the fields above are complete before the MR can be
 	 * seen valid by an engine that found its key. */
 	atomic_store_explicit(&mr->state, URSA_MR_VALID, memory_order_release);
+	ursa_pub_mr_add(mr);
 	*out = mr;
 	return 0;
 err_lkey:
@@ -167,6 +179,7 @@ int ursa_mr_dereg(struct ursa_mr *mr)
 	if (atomic_load(&mr->mw_binds))
 		return -EBUSY;
 	atomic_store(&mr->state, URSA_MR_INVALID);
+	unpublish(mr);
 	ursa_keytab_del(&dev->keys, mr->ibv.lkey);
 	ursa_keytab_del(&dev->keys, mr->ibv.rkey);
 	wait_idle(&mr->lk);
@@ -203,6 +216,7 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 	/* Fence off accesses while the MR changes: the keys stay the same
 	 * but the MR is invalid until the new translation is in place. */
 	atomic_store(&mr->state, URSA_MR_INVALID);
+	unpublish(mr);
 	wait_idle(&mr->lk);
 	wait_idle(&mr->rk);
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
@@ -211,6 +225,7 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 		ret = mr_map(&tmp, addr, length);
 		if (ret) {
 			atomic_store(&mr->state, URSA_MR_VALID);
+			ursa_pub_mr_add(mr);
 			return ret;
 		}
 		mr_unmap(mr);
@@ -232,6 +247,7 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
 		mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
 	atomic_store_explicit(&mr->state, URSA_MR_VALID, memory_order_release);
+	ursa_pub_mr_add(mr);
 	return 0;
 }
 

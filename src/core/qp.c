@@ -10,6 +10,7 @@
  * returns an errno; everything that needs a memory key or the peer is
  * checked when the engine executes the WQE and reported as a completion.
  */
+#include "pub.h"
 #include "../transport/shm.h"
 #include "../transport/udp.h"
 
@@ -184,6 +185,7 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 	ursa_shm_qp_close(qp);
 	ursa_shm_unlisten(qp);
 	pthread_mutex_unlock(&ctx->qp_lock);
+	ursa_pub_qp_free(qp);
 	atomic_fetch_sub(&qp->pd->refs, 1);
 	atomic_fetch_sub(&qp->scq->refs, 1);
 	atomic_fetch_sub(&qp->rcq->refs, 1);
@@ -221,6 +223,7 @@ static void set_state(struct ursa_qp *qp, int st)
 	 * engine that acquires the new state. */
 	atomic_store_explicit(&qp->state, st, memory_order_release);
 	qp->ex.qp_base.state = st;
+	ursa_pub_qp_update(qp);
 }
 
 void ursa_qp_to_error(struct ursa_qp *qp, bool sq_error_only)
@@ -361,6 +364,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		pthread_mutex_unlock(&qp->rq_lock);
 		pthread_mutex_unlock(&ctx->qp_lock);
 		memset(q, 0, sizeof(*q));
+		ursa_pub_qp_update(qp);
 		pthread_mutex_unlock(&qp->state_lock);
 		ursa_uqp_modified(qp, mask);
 		return 0;

@@ -48,10 +48,12 @@ static bool any_pending(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
 	return p;
 }
 
-/* Serve channels and run send queues; caller holds ctx->qp_lock. */
-static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
+/* Serve channels and run send queues; caller holds ctx->qp_lock. engine:
+ * the engine's own thread (not an application's, see ursa_udp_poll). */
+static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline,
+		bool engine)
 {
-	int work = ursa_shm_serve(ctx->eng) + ursa_udp_poll();
+	int work = ursa_shm_serve(ctx->eng) + ursa_udp_poll(engine);
 
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
 		work += ursa_req_process(qp, now, deadline);
@@ -66,7 +68,7 @@ int ursa_engine_progress(struct ursa_ctx *ctx)
 
 	if (!e || pthread_mutex_trylock(&ctx->qp_lock))
 		return -EBUSY;
-	work = pass(ctx, ursa_now_ns(), &deadline);
+	work = pass(ctx, ursa_now_ns(), &deadline, false);
 	pthread_mutex_unlock(&ctx->qp_lock);
 	atomic_fetch_add_explicit(&e->inline_passes, 1, memory_order_relaxed);
 	/* A timer set here that is earlier than the sleeping engine's
@@ -123,7 +125,7 @@ static void *engine_main(void *arg)
 		/* Only the engine frees closed channels: it alone may hold
 		 * events that still name them. */
 		ursa_shm_reap(e);
-		work += pass(ctx, now, &deadline);
+		work += pass(ctx, now, &deadline, true);
 		pthread_mutex_unlock(&ctx->qp_lock);
 		if (now - last_events > EVENT_POLL_NS) {
 			/* connection requests and peer deaths, even when

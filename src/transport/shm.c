@@ -12,8 +12,12 @@
  */
 #include "shm.h"
 
+#include "../core/pub.h"
+
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +67,9 @@ struct ursa_chanmem {
 	_Alignas(128) atomic_uint req_head;	/* responder consumes */
 	_Alignas(128) atomic_uint resp_tail;	/* responder produces */
 	_Alignas(128) atomic_uint resp_head;	/* requester consumes */
+	/* Non-zero while the requester may be placing data in the target
+	 * itself (direct_xfer): the target's deregistration waits. */
+	_Alignas(128) atomic_uint busy;
 	_Alignas(128) struct ursa_wreq req[URSA_SHM_SLOTS];
 	struct ursa_wresp resp[URSA_SHM_SLOTS];
 };
@@ -78,6 +85,12 @@ struct welcome {
 	uint32_t magic, version;
 	int32_t status;		/* 0, or -errno: the target refuses */
 	uint32_t cma_ok;
+	/* With a third descriptor (the target's published table, pub.h):
+	 * the target QP's word in it, and a word of the target for the
+	 * requester's own cross-memory attach probe. */
+	int32_t qp_slot;
+	uint32_t pad;
+	uint64_t probe_addr, probe_val;
 };
 
 static const uint64_t probe_value = 0x7572736170726f62ull; /* "ursaprob" */
@@ -186,6 +199,7 @@ static void chan_release(struct ursa_chan *c)
 		munmap(c->peer_ctl, sizeof(*c->peer_ctl));
 	if (c->peer_efd >= 0)
 		close(c->peer_efd);
+	ursa_pub_unmap(c->dpub);
 	ursa_rstate_drop(&c->rs);
 	free(c->last_resp);
 	free(c);
@@ -396,18 +410,41 @@ fail:
 	return NULL;
 }
 
+/*
+ * Direct path: may this requester place data in the target itself? It needs
+ * the target's table (pub.h), the target QP's word in it, and permission to
+ * use cross-memory attach on the target, which it probes on a word whose
+ * value the target told it.
+ */
+static void direct_setup(struct ursa_chan *c, int fd, const struct welcome *wl)
+{
+	uint64_t v = 0;
+	struct iovec l = { &v, 8 },
+		     rv = { (void *)(uintptr_t)wl->probe_addr, 8 };
+
+	if (wl->qp_slot < 0 || (uint32_t)wl->qp_slot >= URSA_PUB_QPS ||
+	    !ursa_env_long("URSA_CMA", 1, 0, 1) ||
+	    !ursa_env_long("URSA_DIRECT", 1, 0, 1))
+		return;
+	if (process_vm_readv(c->peer_pid, &l, 1, &rv, 1, 0) != 8 ||
+	    v != wl->probe_val)
+		return;
+	c->dpub = ursa_pub_map(fd);
+	c->dslot = (uint32_t)wl->qp_slot;
+}
+
 /* The target's answer to our hello. */
 static void chan_welcome(struct ursa_engine *e, struct ursa_chan *c)
 {
 	struct welcome wl;
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
-	int fds[2], nfds;
-	ssize_t n = recv_fds(c->sock, &wl, sizeof(wl), fds, 2, &nfds);
+	int fds[3], nfds;
+	ssize_t n = recv_fds(c->sock, &wl, sizeof(wl), fds, 3, &nfds);
 
 	if (n == -EAGAIN)
 		return;
-	if (n != (ssize_t)sizeof(wl) || nfds != 2 || wl.magic != URSA_SHM_MAGIC ||
+	if (n != (ssize_t)sizeof(wl) || nfds < 2 || wl.magic != URSA_SHM_MAGIC ||
 	    wl.version != URSA_SHM_VERSION || wl.status ||
 	    getsockopt(c->sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl)) {
 		for (int i = 0; i < nfds; i++)
@@ -424,10 +461,15 @@ static void chan_welcome(struct ursa_engine *e, struct ursa_chan *c)
 	}
 	c->peer_pid = cred.pid;
 	c->cma = wl.cma_ok;
+	if (nfds == 3) {
+		direct_setup(c, fds[2], &wl);
+		close(fds[2]);
+	}
 	c->state = URSA_CHAN_READY;
-	ursa_dbg("qp %u -> qp %u (pid %d): channel ready, %s",
+	ursa_dbg("qp %u -> qp %u (pid %d): channel ready, %s%s",
 		 c->qp->ex.qp_base.qp_num, c->peer_qpn, (int)c->peer_pid,
-		 c->cma ? "cross-memory attach" : "copies through shared memory");
+		 c->cma ? "cross-memory attach" : "copies through shared memory",
+		 c->dpub ? ", direct WRITE/READ" : "");
 }
 
 static struct ursa_chan *chan_for(struct ursa_qp *qp, uint32_t dqpn)
@@ -576,6 +618,129 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 	ring_peer(c);
 }
 
+/* [va, va+len) inside [base, base+size), without overflow. */
+static bool in_bounds(uint64_t base, uint64_t size, uint64_t va, uint64_t len)
+{
+	return va >= base && len <= size && va - base <= size - len;
+}
+
+/*
+ * Direct path (pub.h): an RDMA WRITE or READ whose target QP and MR the
+ * target's table vouches for is carried out here, by the requester, in one
+ * process_vm_writev/readv straight between the two MRs; the target process
+ * is not woken and its engine does nothing. Returns false when the table
+ * cannot prove the access allowed or the copy did not complete: the WQE
+ * then goes the ordinary way, where the target's responder checks it again
+ * and names the check that refuses.
+ */
+static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
+			const struct ursa_req *r)
+{
+	const struct ursa_pubmem *m = c->dpub;
+	bool rd = r->opcode == IBV_WR_RDMA_READ;
+	uint32_t need = rd ? URSA_PUBQ_READ : URSA_PUBQ_WRITE;
+	unsigned int acc = rd ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+	uint64_t len = r->msg_len, qw, ta;
+	struct ursa_sg part[URSA_MAX_SGE];
+	struct iovec l[URSA_MAX_SGE], rv[2];
+	struct ursa_pub_mr e;
+	uint32_t nl;
+	ssize_t n = -1;
+
+	if (!m || c->dslot >= URSA_PUB_QPS || !len ||
+	    (!rd && r->opcode != IBV_WR_RDMA_WRITE))
+		return false;
+	qw = atomic_load_explicit(&m->qp[c->dslot], memory_order_acquire);
+	if ((qw & 0xffffff) != c->peer_qpn ||
+	    (((qw >> 24) & (URSA_PUBQ_ACCEPT | need)) != (URSA_PUBQ_ACCEPT | need)))
+		return false;
+	/* Raise the flag before reading the entry: the owner removes an
+	 * entry and then waits for raised flags (ursa_shm_quiesce), so either
+	 * it sees ours or we see the entry gone. seq_cst store, then the
+	 * entry's loads after a seq_cst fence: the other half of the pair is
+	 * in pub.c (ent_write, then the owner's loads of busy). */
+	atomic_store_explicit(&c->mem->busy, 1, memory_order_seq_cst);
+	atomic_thread_fence(memory_order_seq_cst);
+	if (!ursa_pub_find(m, r->rkey, &e) || e.pd != (uint32_t)(qw >> 32) ||
+	    (e.access & acc) != acc ||
+	    !in_bounds(e.iova, e.length, r->remote_addr, len))
+		goto out;
+	ta = e.addr + (r->remote_addr - e.iova);
+	nl = ursa_sg_slice(rd ? r->dst : r->src, rd ? r->ndst : r->nsrc, 0,
+			   len, part);
+	for (uint32_t i = 0; i < nl; i++) {
+		l[i].iov_base = (void *)(uintptr_t)part[i].va;
+		l[i].iov_len = part[i].len;
+	}
+	if (rd) {
+		rv[0].iov_base = (void *)(uintptr_t)ta;
+		rv[0].iov_len = len;
+		n = process_vm_readv(c->peer_pid, l, nl, rv, 1, 0);
+	} else {
+		/* The last byte last, for a reader spinning on it: the
+		 * kernel copies the remote vectors in order, and x86 keeps
+		 * stores in order (elsewhere, two calls). */
+		rv[0].iov_base = (void *)(uintptr_t)ta;
+		rv[0].iov_len = len - 1;
+		rv[1].iov_base = (void *)(uintptr_t)(ta + len - 1);
+		rv[1].iov_len = 1;
+#if defined(__x86_64__) || defined(__i386__)
+		n = process_vm_writev(c->peer_pid, l, nl, rv + (len == 1),
+				      len == 1 ? 1 : 2, 0);
+#else
+		n = len == 1 ? 0 : process_vm_writev(c->peer_pid, l, nl, rv, 1, 0);
+		if (n == (ssize_t)(len - 1)) {
+			struct ursa_sg lb;
+			struct iovec tl;
+
+			ursa_sg_slice(part, nl, len - 1, 1, &lb);
+			tl.iov_base = (void *)(uintptr_t)lb.va;
+			tl.iov_len = 1;
+			n = process_vm_writev(c->peer_pid, &tl, 1, rv + 1, 1, 0) == 1 ?
+				(ssize_t)len : -1;
+		}
+#endif
+	}
+	if (n < 0 && (errno == EPERM || errno == ENOSYS || errno == EACCES)) {
+		/* Refused (seccomp, a changed ptrace rule): not again on
+		 * this channel. */
+		ursa_dbg("qp %u -> qp %u: direct path refused: %s",
+			 qp->ex.qp_base.qp_num, c->peer_qpn, strerror(errno));
+		c->dslot = URSA_PUB_QPS;
+	}
+out:
+	/* Release: our copy is complete before the owner sees the flag
+	 * down (process_vm_* returned, so the kernel has stored it all). */
+	atomic_store_explicit(&c->mem->busy, 0, memory_order_release);
+	if (n != (ssize_t)len)
+		return false;
+	atomic_fetch_add(&qp->cnt.direct_bytes, len);
+	return true;
+}
+
+void ursa_shm_quiesce(struct ursa_ctx *ctx)
+{
+	struct ursa_engine *e = ctx->eng;
+
+	if (!e)
+		return;
+	pthread_mutex_lock(&ctx->qp_lock);
+	for (struct ursa_chan *c = e->served; c; c = c->next) {
+		/* seq_cst loads: see direct_xfer. A requester that died with
+		 * its flag up has hung up its socket: skip it (the engine
+		 * cannot mark it dead while we hold its lock). */
+		while (c->state == URSA_CHAN_READY && c->mem &&
+		       atomic_load(&c->mem->busy)) {
+			struct pollfd pf = { c->sock, POLLRDHUP, 0 };
+
+			if (c->sock < 0 || poll(&pf, 1, 0) != 0)
+				break;
+			sched_yield();
+		}
+	}
+	pthread_mutex_unlock(&ctx->qp_lock);
+}
+
 /* The answer to our outstanding request, if it is there. Stale answers
  * (to an earlier transmission) are skipped. */
 static struct ursa_wresp *peek_resp(struct ursa_chan *c)
@@ -654,6 +819,10 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		return 0;
 	}
 	if (!w->inflight) {
+		if (!w->xfer_off && direct_xfer(qp, c, r)) {
+			resp->ack = URSA_ACK;
+			return 1;
+		}
 		push_request(qp, c, w, r, now);
 		goto wait_nocheck;
 	}
@@ -769,10 +938,11 @@ static void accept_chan(struct ursa_engine *e, struct ursa_qp *qp)
 static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 {
 	struct hello h;
-	struct welcome wl = { URSA_SHM_MAGIC, URSA_SHM_VERSION, 0, 0 };
+	struct welcome wl = { URSA_SHM_MAGIC, URSA_SHM_VERSION, 0, 0, -1, 0,
+			      (uintptr_t)&probe_word, probe_value };
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
-	int fds[3], nfds, out[2];
+	int fds[3], nfds, out[3], nout = 2;
 	ssize_t n = recv_fds(c->sock, &h, sizeof(h), fds, 3, &nfds);
 
 	if (n == -EAGAIN)
@@ -812,7 +982,16 @@ static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 	c->cma = wl.cma_ok;
 	out[0] = e->ctl_fd;
 	out[1] = e->efd;
-	if (send_fds(c->sock, &wl, sizeof(wl), out, 2) || wl.status) {
+	/* Connected QPs may take WRITE and READ directly (pub.h). */
+	if (c->qp->ex.qp_base.qp_type != IBV_QPT_UD && !wl.status) {
+		int fd = ursa_pub_fd(), slot = fd >= 0 ? ursa_pub_qp_slot(c->qp) : -1;
+
+		if (slot >= 0) {
+			wl.qp_slot = slot;
+			out[nout++] = fd;
+		}
+	}
+	if (send_fds(c->sock, &wl, sizeof(wl), out, nout) || wl.status) {
 		chan_dead(e, c);
 		return;
 	}

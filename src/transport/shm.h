@@ -35,7 +35,7 @@
 #include "../engine/engine.h"
 
 #define URSA_SHM_MAGIC 0x55525341u /* "URSA" */
-#define URSA_SHM_VERSION 1
+#define URSA_SHM_VERSION 2
 #define URSA_SHM_SLOTS 4
 #define URSA_SHM_INLINE 8192	/* payload bytes a slot carries */
 
@@ -43,6 +43,7 @@ enum ursa_chan_state { URSA_CHAN_CONNECTING, URSA_CHAN_READY, URSA_CHAN_DEAD };
 enum ursa_chan_role { URSA_CHAN_REQUESTER, URSA_CHAN_RESPONDER };
 
 struct ursa_chanmem;
+struct ursa_pubmem;
 
 struct ursa_chan {
 	enum ursa_chan_role role;
@@ -54,6 +55,11 @@ struct ursa_chan {
 	int peer_efd;
 	pid_t peer_pid;
 	bool cma;		/* the target may use cross-memory attach */
+	/* requester: the target's published table, when this side may
+	 * place WRITE and READ data itself (pub.h), and the target QP's
+	 * word in it */
+	const struct ursa_pubmem *dpub;
+	uint32_t dslot;
 	struct ursa_qp *qp;	/* our QP: requester or target */
 	uint32_t peer_qpn;
 	uint32_t seq;		/* requester: seq of the current request;
@@ -78,6 +84,10 @@ void ursa_shm_event(struct ursa_engine *e, struct ursa_watch *w,
 		    uint32_t events);
 int ursa_shm_serve(struct ursa_engine *e);
 bool ursa_shm_serve_pending(struct ursa_engine *e);
+
+/* Wait until no requester of this context's served channels may still be
+ * using a table entry the owner just removed (MR deregistration). */
+void ursa_shm_quiesce(struct ursa_ctx *ctx);
 
 /* Requester step for a WQE whose target is another process: returns 1 with
  * resp filled when the WQE's fate is known, 0 while it waits (until at

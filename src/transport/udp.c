@@ -79,7 +79,10 @@ static struct {
 	int fd, fd6;		/* IPv4 and IPv6 receive sockets */
 	int fwd;		/* "@ursa/udp/<pid>": packets other processes
 				 * of this host received for our QPs */
-	int fwd_ep;		/* epoll set: fwd and its connections */
+	int fwd_ep;		/* epoll set: fwd and its connections, the
+				 * receive sockets (one epoll_wait tells a
+				 * pass which of them to read) */
+	atomic_bool live;	/* RoCEv2 traffic was sent or received */
 	bool tried;		/* environment read */
 	bool socks_tried;	/* sockets opened (again in a forked child) */
 	int users;		/* open contexts (under lock) */
@@ -662,6 +665,15 @@ int ursa_udp_fd(void)
 	return U.fd;
 }
 
+/* Watch a receive socket in the side epoll set (if there is one). */
+static void side_add(int fd, unsigned kind)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = SIDE(kind, fd) };
+
+	if (fd >= 0 && U.fwd_ep >= 0 && epoll_ctl(U.fwd_ep, EPOLL_CTL_ADD, fd, &ev))
+		ursa_dbg("RoCEv2: side epoll: %s", strerror(errno));
+}
+
 int ursa_udp_start(struct ursa_ctx *ctx)
 {
 	static struct ursa_watch w = { URSA_W_UDP, (void *)1, NULL };
@@ -698,6 +710,8 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 			U.fd = fd;
 			U.fd6 = open6();
 			U.fwd = fwd_open();
+			side_add(U.fd, SIDE_RX4);
+			side_add(U.fd6, SIDE_RX6);
 		} else {
 			ursa_info("RoCEv2: cannot bind UDP port %u (%s): this process reaches only QPs on its own host",
 				  U.port, strerror(errno));
@@ -1285,6 +1299,8 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		      r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 	const addr_t *src = &r->sgid, *dst = &r->dgid;
 	int ret = 0;
+
+	atomic_store_explicit(&U.live, true, memory_order_relaxed);
 
 	memset(resp, 0, sizeof(*resp));
 	if (!u || is_v4(src) != is_v4(dst) ||
@@ -1915,12 +1931,18 @@ static int poll_sock(int fd, bool v6)
 	return total;
 }
 
-int ursa_udp_poll(void)
+int ursa_udp_poll(bool engine)
 {
 	int total = 0;
 
 	if (delay_n)
 		delay_flush(ursa_now_ns(), false);
+	/* A pass on an application's thread (ibv_post_send, ibv_poll_cq)
+	 * skips the receive sockets until this process has RoCEv2 traffic:
+	 * same-host work should not pay system calls for them. The engine
+	 * sleeps in epoll on them, so a first packet still gets in. */
+	if (!engine && !atomic_load_explicit(&U.live, memory_order_relaxed))
+		return 0;
 	if (U.fd < 0 || pthread_mutex_trylock(&U.rx))
 		return 0;
 	/* Receive sockets of gone QPs close here, under U.rx, so that no
@@ -1931,12 +1953,17 @@ int ursa_udp_poll(void)
 		grave_close();
 		pthread_mutex_unlock(&U.lock);
 	}
-	total += poll_sock(U.fd, false);
-	if (U.fd6 >= 0)
-		total += poll_sock(U.fd6, true);
-	/* packets other processes of this host forwarded to us */
+	if (U.fwd_ep < 0) {
+		total += poll_sock(U.fd, false);
+		if (U.fd6 >= 0)
+			total += poll_sock(U.fd6, true);
+	}
+	/* the receive sockets, when they are in the side epoll set, and
+	 * packets other processes of this host forwarded to us */
 	total += fwd_poll();
 	pthread_mutex_unlock(&U.rx);
+	if (total)
+		atomic_store_explicit(&U.live, true, memory_order_relaxed);
 	return total;
 }
 

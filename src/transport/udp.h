@@ -28,7 +28,7 @@ struct ursa_uqp;
 int ursa_udp_start(struct ursa_ctx *ctx);
 void ursa_udp_ctx_gone(struct ursa_ctx *ctx);
 /* Receive and process what is waiting; returns packets handled. */
-int ursa_udp_poll(void);
+int ursa_udp_poll(bool engine);
 int ursa_udp_fd(void);
 /* Fault injection on transmit: "loss=P,dup=P,reorder=P,corrupt=P,delay=P,
  * delay_us=N,seed=S" (P in percent); NULL turns it off. */

@@ -7,7 +7,9 @@
  */
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/mman.h>
@@ -151,7 +153,8 @@ static int reap(pid_t pid)
  * word), 'quit'. It never calls a verb after connecting; it sleeps in
  * read() on the socket while the initiator works on its memory.
  */
-enum { CMD_SUM = 1, CMD_GET, CMD_QUIT, CMD_FILL, CMD_RECV, CMD_POLL };
+enum { CMD_SUM = 1, CMD_GET, CMD_QUIT, CMD_FILL, CMD_RECV, CMD_POLL,
+       CMD_DEREG };
 
 struct target_arg {
 	enum ibv_qp_type type;
@@ -224,6 +227,13 @@ static int target_main(int sock, void *varg)
 			reply.rkey = wc.wc_flags;
 			break;
 		}
+		case CMD_DEREG:
+			/* deregister, then at once write a pattern over the
+			 * range: no WRITE may land after ibv_dereg_mr */
+			reply.value = (uint64_t)ibv_dereg_mr(e.mr);
+			e.mr = NULL;
+			memset(e.buf + cmd.addr, (int)cmd.rkey, cmd.value);
+			break;
 		case CMD_QUIT:
 			end_close(&e);
 			return 0;
@@ -289,25 +299,42 @@ static int one_op(struct end *e, enum ibv_wr_opcode op, size_t off,
 	return 0;
 }
 
-static int run_write_read(int seccomp, int no_cma)
+/* Which path carries WRITE and READ: the requester itself (direct, the
+ * default), the target's engine by cross-memory attach, or the slots. */
+enum xfer_mode {
+	M_DIRECT,		/* default */
+	M_TARGET_SECCOMP,	/* the target may not use CMA: direct still works */
+	M_NO_CMA,		/* URSA_CMA=0: slots only */
+	M_NO_DIRECT,		/* URSA_DIRECT=0: the target's engine copies */
+	M_REQ_SECCOMP,		/* the requester loses CMA after connecting */
+};
+
+static int run_write_read(enum xfer_mode mode)
 {
-	struct target_arg ta = { IBV_QPT_RC, 8 << 20, seccomp };
+	struct target_arg ta = { IBV_QPT_RC, 8 << 20, mode == M_TARGET_SECCOMP };
 	struct end me;
 	struct xinfo peer;
 	struct ursa_qp_stats st;
 	int sock;
 	pid_t pid;
 	size_t big = 3 << 20;
+	uint64_t small = 100 + 64, sendsz = 1 << 20;
 
+	if (mode == M_NO_CMA)
+		setenv("URSA_CMA", "0", 1);
+	if (mode == M_NO_DIRECT)
+		setenv("URSA_DIRECT", "0", 1);
 	REQUIRE(end_open(&me, IBV_QPT_RC, 8 << 20, false) == 0);
 	pid = start_target(&ta, &me, &sock, &peer);
 	REQUIRE(pid > 0);
 	for (size_t i = 0; i < big; i++)
 		me.buf[i] = (char)(i * 13 + 5);
-	/* small WRITE (through the shared slot) and big WRITE */
+	/* small WRITE and big WRITE */
 	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 100, peer.addr, peer.rkey,
 			 IBV_WC_SUCCESS), 0);
 	EXPECT_EQ(cmd(sock, CMD_SUM, 0, 100, 0), sum(me.buf, 100));
+	if (mode == M_REQ_SECCOMP)
+		REQUIRE(deny_cma() == 0);
 	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, (uint32_t)big, peer.addr + 4096,
 			 peer.rkey, IBV_WC_SUCCESS), 0);
 	EXPECT_EQ(cmd(sock, CMD_SUM, 4096, big, 0), sum(me.buf, big));
@@ -319,19 +346,42 @@ static int run_write_read(int seccomp, int no_cma)
 	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_READ, 4 << 20, (uint32_t)big,
 			 peer.addr + 4096, peer.rkey, IBV_WC_SUCCESS), 0);
 	EXPECT_TRUE(!memcmp(me.buf + (4 << 20), me.buf, big));
-	/* SEND into a receive the target posted, small and big */
+	/* SEND into a receive the target posted (never direct) */
 	EXPECT_EQ(cmd(sock, CMD_RECV, 6 << 20, 2 << 20, 0), 0);
-	EXPECT_EQ(one_op(&me, IBV_WR_SEND, 0, 1 << 20, 0, 0, IBV_WC_SUCCESS), 0);
-	EXPECT_EQ(cmd(sock, CMD_POLL, 0, 0, 0), (uint64_t)(1 << 20));
-	EXPECT_EQ(cmd(sock, CMD_SUM, 6 << 20, 1 << 20, 0), sum(me.buf, 1 << 20));
+	EXPECT_EQ(one_op(&me, IBV_WR_SEND, 0, (uint32_t)sendsz, 0, 0,
+			 IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_POLL, 0, 0, 0), sendsz);
+	EXPECT_EQ(cmd(sock, CMD_SUM, 6 << 20, sendsz, 0), sum(me.buf, sendsz));
 	/* which path carried the bytes */
 	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
-	if (no_cma) {
+	switch (mode) {
+	case M_DIRECT:
+		EXPECT_EQ(st.direct_bytes, 2 * big + small);
+		EXPECT_EQ(st.cma_bytes, sendsz);
+		EXPECT_EQ(st.ring_bytes, 0);
+		break;
+	case M_TARGET_SECCOMP:
+		EXPECT_EQ(st.direct_bytes, 2 * big + small);
 		EXPECT_EQ(st.cma_bytes, 0);
-		EXPECT_TRUE(st.ring_bytes >= 2 * big);
-	} else {
-		EXPECT_TRUE(st.cma_bytes >= 2 * big);
-		EXPECT_TRUE(st.ring_bytes >= 100 && st.ring_bytes < 1000);
+		EXPECT_EQ(st.ring_bytes, sendsz);
+		break;
+	case M_NO_CMA:
+		EXPECT_EQ(st.direct_bytes, 0);
+		EXPECT_EQ(st.cma_bytes, 0);
+		EXPECT_EQ(st.ring_bytes, 2 * big + small + sendsz);
+		break;
+	case M_NO_DIRECT:
+		EXPECT_EQ(st.direct_bytes, 0);
+		EXPECT_EQ(st.cma_bytes, 2 * big + sendsz);
+		EXPECT_EQ(st.ring_bytes, small);
+		break;
+	case M_REQ_SECCOMP:
+		/* the first WRITE went direct; the refusal sent the rest
+		 * through the target's engine, which may still use CMA */
+		EXPECT_EQ(st.direct_bytes, 100);
+		EXPECT_EQ(st.cma_bytes, 2 * big + sendsz);
+		EXPECT_EQ(st.ring_bytes, 64);
+		break;
 	}
 	EXPECT_EQ(st.loop_bytes, 0);
 	cmd(sock, CMD_QUIT, 0, 0, 0);
@@ -342,18 +392,97 @@ static int run_write_read(int seccomp, int no_cma)
 
 static int test_rc_write_read_send(void)
 {
-	return run_write_read(0, 0);
+	return run_write_read(M_DIRECT);
 }
 
 static int test_no_cma_seccomp_fallback(void)
 {
-	return run_write_read(1, 1);
+	return run_write_read(M_TARGET_SECCOMP);
 }
 
 static int test_no_cma_env_fallback(void)
 {
-	setenv("URSA_CMA", "0", 1);
-	return run_write_read(0, 1);
+	return run_write_read(M_NO_CMA);
+}
+
+static int test_no_direct_env(void)
+{
+	return run_write_read(M_NO_DIRECT);
+}
+
+static int test_requester_seccomp(void)
+{
+	return run_write_read(M_REQ_SECCOMP);
+}
+
+struct writer {
+	struct end *e;
+	struct xinfo *peer;
+	atomic_int stop;
+	int ok, status;
+};
+
+/* WRITE 256 KiB at a time until a WRITE fails; the status of the failure. */
+static void *writer_main(void *arg)
+{
+	struct writer *w = arg;
+	struct ibv_wc wc;
+
+	while (!atomic_load(&w->stop)) {
+		if (post_send1(w->e->qp, IBV_WR_RDMA_WRITE, w->e->buf, 256 << 10,
+			       w->e->mr->lkey, w->peer->addr, w->peer->rkey, 1) ||
+		    wait_wc(w->e->f.cq, &wc, 10000) != 1) {
+			w->status = -1;
+			break;
+		}
+		if (wc.status != IBV_WC_SUCCESS) {
+			w->status = (int)wc.status;
+			break;
+		}
+		w->ok++;
+	}
+	return NULL;
+}
+
+static int test_dereg_during_writes(void)
+{
+	struct target_arg ta = { IBV_QPT_RC, 1 << 20, 0 };
+	struct writer w = { 0 };
+	struct ursa_qp_stats st;
+	struct end me;
+	struct xinfo peer;
+	pthread_t th;
+	uint64_t want;
+	char pat[256 << 10];
+	int sock;
+	pid_t pid;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	memset(me.buf, 'W', 256 << 10);
+	memset(pat, 'D', sizeof(pat));
+	want = sum(pat, sizeof(pat));
+	w.e = &me;
+	w.peer = &peer;
+	REQUIRE(pthread_create(&th, NULL, writer_main, &w) == 0);
+	while (w.ok < 20 && !w.status)
+		usleep(1000);
+	/* Deregistered while WRITEs stream in: the pattern written right
+	 * after ibv_dereg_mr returns must survive. */
+	EXPECT_EQ(cmd(sock, CMD_DEREG, 0, 256 << 10, 'D'), 0);
+	usleep(50000);
+	atomic_store(&w.stop, 1);
+	pthread_join(th, NULL);
+	EXPECT_TRUE(w.ok >= 20);
+	EXPECT_EQ(w.status, IBV_WC_REM_ACCESS_ERR);
+	EXPECT_EQ(cmd(sock, CMD_SUM, 0, 256 << 10, 0), want);
+	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
+	EXPECT_TRUE(st.direct_bytes >= 20ull * (256 << 10));
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
 }
 
 static int test_target_checks(void)
@@ -844,6 +973,9 @@ static const struct test tests[] = {
 	TEST_ENTRY(rc_write_read_send, "RC WRITE/READ/SEND between processes"),
 	TEST_ENTRY(no_cma_seccomp_fallback, "seccomp denies CMA: shared-memory fallback"),
 	TEST_ENTRY(no_cma_env_fallback, "URSA_CMA=0: shared-memory path"),
+	TEST_ENTRY(no_direct_env, "URSA_DIRECT=0: the target's engine copies"),
+	TEST_ENTRY(requester_seccomp, "CMA refused to the requester mid-way: it falls back"),
+	TEST_ENTRY(dereg_during_writes, "no direct WRITE lands after ibv_dereg_mr returns"),
 	TEST_ENTRY(target_checks, "the target's checks hold for other processes"),
 	TEST_ENTRY(atomics_three_processes, "two processes add to a third's counter"),
 	TEST_ENTRY(last_byte_last_processes, "spinning target never sees a torn WRITE"),

@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pub.h - what a process publishes to same-host requesters so that they can
+ * place RDMA WRITE and READ data themselves ("direct" path, transport/shm.c).
+ *
+ * One memfd per process, shared read-only with every requester that opened
+ * a channel to one of its QPs. It holds:
+ *  - one word per served QP: QPN, PD handle, "accepts requests" and the
+ *    QP's remote access flags;
+ *  - one entry per MR: rkey, PD handle, access flags, iova, length and the
+ *    process address of the iova, under a per-entry sequence lock.
+ * A requester that finds the rkey, a matching PD, the rights and the bounds
+ * in here copies straight into (or out of) the target process with
+ * process_vm_writev/readv, without waking the target. Anything it cannot
+ * prove from the table goes the ordinary way (the target's engine and its
+ * responder), which makes the table an optimisation that can only say "yes"
+ * to what the responder would also allow, never a second set of rules.
+ *
+ * Deregistration: the owner removes the entry, then waits for requesters
+ * that may have read it before (ursa_shm_quiesce: each requester raises a
+ * flag in its channel before reading the table and lowers it after its copy;
+ * a Dekker pair of seq_cst stores and loads).
+ *
+ * Trust: a requester that can use process_vm_writev on the target can
+ * ptrace it, so a malicious one could write anywhere anyway; the table adds
+ * no power. The requester still bounds every index and length it reads from
+ * the table, and a table from a broken peer can only make it write into
+ * that peer.
+ */
+#ifndef URSA_PUB_H
+#define URSA_PUB_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define URSA_PUB_MAGIC 0x55505542u /* "UPUB" */
+#define URSA_PUB_QPS 4096u
+#define URSA_PUB_MRS 4096u	/* power of two */
+#define URSA_PUB_PROBE 8u	/* slots a key may be placed from its hash */
+
+/* QP word: qpn (24 bits) | flags << 24 | pd << 32. */
+#define URSA_PUBQ_ACCEPT (1u << 0)	/* RTR, RTS, SQD or SQE */
+#define URSA_PUBQ_WRITE (1u << 1)	/* qp_access_flags remote write */
+#define URSA_PUBQ_READ (1u << 2)	/* qp_access_flags remote read */
+
+struct ursa_pub_mr {
+	atomic_uint seq;	/* odd while the owner rewrites the entry */
+	uint32_t rkey;		/* 0: free */
+	uint32_t pd;
+	uint32_t access;
+	uint64_t iova, length, addr;
+	uint64_t pad[3];
+};
+
+struct ursa_pubmem {
+	uint32_t magic, nqp, nmr, pad;
+	_Atomic uint64_t qp[URSA_PUB_QPS];
+	struct ursa_pub_mr mr[URSA_PUB_MRS];
+};
+
+struct ursa_mr;
+struct ursa_qp;
+
+/* Owner side. All calls are cheap no-ops when publishing is off or full. */
+int ursa_pub_fd(void);			/* the memfd (created on demand) */
+void ursa_pub_mr_add(struct ursa_mr *mr);
+bool ursa_pub_mr_del(struct ursa_mr *mr);	/* true if it was published */
+int ursa_pub_qp_slot(struct ursa_qp *qp); /* slot index, or -errno */
+void ursa_pub_qp_update(struct ursa_qp *qp);
+void ursa_pub_qp_free(struct ursa_qp *qp);
+void ursa_pub_atfork_child(void);
+
+/* Requester side: map a peer's table (checked), find an rkey. */
+const struct ursa_pubmem *ursa_pub_map(int fd);
+void ursa_pub_unmap(const struct ursa_pubmem *m);
+bool ursa_pub_find(const struct ursa_pubmem *m, uint32_t rkey,
+		   struct ursa_pub_mr *out);
+
+#endif
