@@ -34,6 +34,13 @@
 #include "../transport/udp.h"
 
 #define EVENT_POLL_NS 200000ull	/* a busy engine still looks at sockets */
+/* While there was work in the last RECENT_NS, a sleeping engine wakes at
+ * least every TICK_NS. Then a timer an application's pass sets (an ACK
+ * timeout, at least 1 ms ahead) is usually later than the engine's wake-up
+ * and needs no doorbell: a ping-pong no longer wakes the engine once per
+ * message. An engine idle for longer sleeps until something happens. */
+#define TICK_NS 1000000ull
+#define RECENT_NS 100000000ull
 
 static bool any_pending(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
 {
@@ -50,26 +57,35 @@ static bool any_pending(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
 
 /* Serve channels and run send queues; caller holds ctx->qp_lock. engine:
  * the engine's own thread (not an application's, see ursa_udp_poll). */
+__thread struct ursa_ctx *ursa_pass_ctx;
+
 static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline,
 		bool engine)
 {
-	int work = ursa_shm_serve(ctx->eng) + ursa_udp_poll(engine);
+	int work;
 
+	ursa_pass_ctx = ctx;
+	work = ursa_shm_serve(ctx->eng) + ursa_udp_poll(engine);
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
 		work += ursa_req_process(qp, now, deadline);
+	ursa_pass_ctx = NULL;
 	return work;
 }
 
 int ursa_engine_progress(struct ursa_ctx *ctx)
 {
 	struct ursa_engine *e = ctx->eng;
-	uint64_t deadline = UINT64_MAX;
+	uint64_t deadline = UINT64_MAX, now;
 	int work;
 
 	if (!e || pthread_mutex_trylock(&ctx->qp_lock))
 		return -EBUSY;
-	work = pass(ctx, ursa_now_ns(), &deadline, false);
+	now = ursa_now_ns();
+	work = pass(ctx, now, &deadline, false);
 	pthread_mutex_unlock(&ctx->qp_lock);
+	atomic_store_explicit(&e->app_pass_ns, now, memory_order_relaxed);
+	if (work > 0)
+		atomic_store_explicit(&e->active_ns, now, memory_order_relaxed);
 	atomic_fetch_add_explicit(&e->inline_passes, 1, memory_order_relaxed);
 	/* A timer set here that is earlier than the sleeping engine's
 	 * wake-up time would be missed: wake it to re-arm. seq_cst pairs
@@ -109,6 +125,15 @@ static void handle_events(struct ursa_engine *e, int timeout_ms)
 	pthread_mutex_unlock(&e->ctx->qp_lock);
 }
 
+static uint64_t tick(struct ursa_engine *e, uint64_t now, uint64_t deadline)
+{
+	uint64_t a = atomic_load_explicit(&e->active_ns, memory_order_relaxed);
+
+	if (now - a < RECENT_NS && deadline > now + TICK_NS)
+		return now + TICK_NS;
+	return deadline;
+}
+
 static struct ursa_watch doorbell_watch = { URSA_W_DOORBELL, NULL, NULL };
 
 static void *engine_main(void *arg)
@@ -116,6 +141,7 @@ static void *engine_main(void *arg)
 	struct ursa_engine *e = arg;
 	struct ursa_ctx *ctx = e->ctx;
 	uint64_t idle_since = 0, last_events = 0;
+	bool woke = false;
 
 	while (!atomic_load_explicit(&e->stop, memory_order_acquire)) {
 		uint64_t now = ursa_now_ns(), deadline = UINT64_MAX;
@@ -134,15 +160,24 @@ static void *engine_main(void *arg)
 			last_events = now;
 		}
 		if (work) {
+			atomic_store_explicit(&e->active_ns, now,
+					      memory_order_relaxed);
 			idle_since = 0;
+			woke = false;
 			continue;
 		}
 		if (!idle_since)
 			idle_since = now;
-		if (now - idle_since < e->spin_ns && deadline > now) {
+		/* Spin a while before sleeping, but not when woken for
+		 * nothing, nor while an application thread polls (it does
+		 * the work itself; a spinning engine only takes its CPU). */
+		if (!woke && now - idle_since < e->spin_ns && deadline > now &&
+		    now - atomic_load_explicit(&e->app_pass_ns,
+					       memory_order_relaxed) > e->spin_ns) {
 			ursa_cpu_relax();
 			continue;
 		}
+		deadline = tick(e, now, deadline);
 		atomic_store(&e->sleep_until, deadline);
 		atomic_store(&e->ctl->sleeping, 1);
 		atomic_thread_fence(memory_order_seq_cst);
@@ -150,8 +185,9 @@ static void *engine_main(void *arg)
 		    !atomic_load(&e->stop)) {
 			int ms = -1;
 
-			atomic_store(&e->sleep_until, deadline);
 			now = ursa_now_ns();
+			deadline = tick(e, now, deadline);
+			atomic_store(&e->sleep_until, deadline);
 			if (deadline != UINT64_MAX)
 				ms = deadline > now ?
 					(int)MIN((deadline - now + 999999) / 1000000,
@@ -163,6 +199,7 @@ static void *engine_main(void *arg)
 		atomic_store(&e->ctl->sleeping, 0);
 		atomic_store(&e->sleep_until, 0);
 		idle_since = 0;
+		woke = true;
 	}
 	return NULL;
 }

@@ -45,6 +45,8 @@ struct ursa_engine {
 	 * application threads that set an earlier timer must wake it */
 	atomic_uint_fast64_t sleep_until;
 	atomic_uint_fast64_t wakeups, doorbells, inline_passes;
+	atomic_uint_fast64_t active_ns;	/* last pass that did work */
+	atomic_uint_fast64_t app_pass_ns; /* last pass on an application's thread */
 	uint64_t spin_ns;
 	struct ursa_chan *served;  /* channels whose target QP is ours */
 	struct ursa_chan *grave;   /* closed, freed at the next pass */
@@ -63,6 +65,10 @@ int ursa_engine_start(struct ursa_ctx *ctx);
 void ursa_engine_stop(struct ursa_ctx *ctx);
 /* Doorbell: wakes the engine if (and only if) it sleeps. */
 void ursa_engine_kick(struct ursa_engine *e);
+/* The context whose pass this thread is running (NULL outside a pass): its
+ * send queues run after the receive step of the same pass, so news for
+ * them needs no doorbell. */
+extern __thread struct ursa_ctx *ursa_pass_ctx;
 /* One engine pass on the calling (application) thread, if the engine is
  * not in the middle of one: ibv_poll_cq and ibv_post_send make progress
  * themselves instead of waiting for a context switch. Returns the work

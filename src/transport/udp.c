@@ -720,13 +720,17 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 		}
 	}
 	U.users++;
+	if (ctx->eng) {
+		/* The side set holds the receive sockets; without one (it
+		 * could not be made), the engine watches them itself. */
+		if (U.fwd_ep < 0 && U.fd >= 0)
+			epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd, &ev);
+		if (U.fwd_ep < 0 && U.fd6 >= 0)
+			epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd6, &ev);
+		if (U.fwd_ep >= 0)
+			epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fwd_ep, &ev);
+	}
 	pthread_mutex_unlock(&U.lock);
-	if (U.fd >= 0 && ctx->eng)
-		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd, &ev);
-	if (U.fwd_ep >= 0 && ctx->eng)
-		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fwd_ep, &ev);
-	if (U.fd6 >= 0 && ctx->eng)
-		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_ADD, U.fd6, &ev);
 	return U.fd >= 0 ? 0 : -EADDRINUSE;
 }
 
@@ -734,12 +738,6 @@ static void socks_close(void);
 
 void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 {
-	if (U.fd >= 0 && ctx->eng && ctx->eng->epfd >= 0)
-		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd, NULL);
-	if (U.fwd_ep >= 0 && ctx->eng && ctx->eng->epfd >= 0)
-		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fwd_ep, NULL);
-	if (U.fd6 >= 0 && ctx->eng && ctx->eng->epfd >= 0)
-		epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd6, NULL);
 	/* The last context: leave the port's reuseport group. A socket
 	 * nobody polls would swallow every flow the kernel hashes to it
 	 * (a forked KV client's flow once landed on the socket of its
@@ -747,6 +745,14 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 	 * U.rx first: a pass of the stopping engine may be reading. */
 	pthread_mutex_lock(&U.rx);
 	pthread_mutex_lock(&U.lock);
+	if (ctx->eng && ctx->eng->epfd >= 0) {
+		if (U.fd >= 0)
+			epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd, NULL);
+		if (U.fd6 >= 0)
+			epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fd6, NULL);
+		if (U.fwd_ep >= 0)
+			epoll_ctl(ctx->eng->epfd, EPOLL_CTL_DEL, U.fwd_ep, NULL);
+	}
 	if (U.users > 0 && --U.users == 0)
 		socks_close();
 	pthread_mutex_unlock(&U.lock);
@@ -1443,6 +1449,10 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	*until = MIN(u->m.deadline, u->m.rto);
 out:
 	w->inflight = ret == 0;
+	/* The engine and ursa_req_pending read the wait's end here: left
+	 * stale (0), every pass took it for an expired timer, the engine
+	 * never slept and posters rang its doorbell at every poll. */
+	w->deadline_ns = *until;
 	pthread_mutex_unlock(&u->lock);
 	udp_flush();
 	return ret;
@@ -1818,7 +1828,9 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 
 		if (st == IBV_QPS_RTS || st == IBV_QPS_SQD) {
 			on_response(qp, u, &p);
-			if (qp->ctx->eng)
+			/* Our own pass runs the requester next; another
+			 * context's engine must be told. */
+			if (qp->ctx->eng && qp->ctx != ursa_pass_ctx)
 				ursa_engine_kick(qp->ctx->eng);
 		} else {
 			atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
