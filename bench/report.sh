@@ -247,6 +247,8 @@ S="$OUT/samehost.csv"; H="$OUT/hosts.csv"; U="$OUT/ucx.csv"
 	echo "|---|---|---|---|"
 	row "8 B WRITE one way, one host" "$(get "$S" '$1=="lat"&&$2=="write"' 5)" µs \
 		"$(get "$S" '$1=="lat"&&$2=="write"' 7)" "cache-line ping-pong"
+	row "8 B WRITE one way, one host" "$(get "$S" '$1=="floor"&&$2=="cma_write"' 5)" µs \
+		"$(get "$S" '$1=="floor"&&$2=="cma_write"' 7)" "one 8 B process_vm_writev (floor)"
 	row "8 B SEND one way, one host" "$(get "$S" '$1=="lat"&&$2=="send"' 5)" µs \
 		"$(get "$U" '$1=="shm"&&$2=="tag_lat"&&$3==8' 4)" "UCX shared memory"
 	row "8 B READ round trip, one host" "$(get "$S" '$1=="lat"&&$2=="read"' 5)" µs \
