@@ -318,6 +318,23 @@ uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 	return ~reg;
 }
 
+uint32_t roce_icrc_v4_id_delta(size_t ib_len, uint16_t id)
+{
+	static const uint8_t zeros[512];
+	uint8_t b[2] = { (uint8_t)(id >> 8), (uint8_t)id };
+	/* after the ID: 14 more IPv4 header bytes, the UDP header, the rest */
+	size_t n = 14 + 8 + ib_len;
+	uint32_t reg = roce_crc32_raw(0, b, 2);
+
+	while (n) {
+		size_t k = n < sizeof(zeros) ? n : sizeof(zeros);
+
+		reg = roce_crc32_raw(reg, zeros, k);
+		n -= k;
+	}
+	return reg;
+}
+
 void roce_icrc_put(uint8_t *dst, uint32_t icrc)
 {
 	/* least significant byte first (IBTA 7.8.1; rocev2.md 3.3) */

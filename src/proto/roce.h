@@ -121,6 +121,16 @@ uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 void roce_icrc_put(uint8_t *dst, uint32_t icrc);
 uint32_t roce_icrc_get(const uint8_t *src);
 
+/*
+ * The IPv4 identification field is not masked (A17.3.3), so the ICRC of a
+ * packet depends on it. CRC-32 is linear over GF(2): the ICRC with ID id is
+ * the ICRC with ID 0 xor this delta, the CRC from a zero register of the ID
+ * bytes and the zero bytes after them (ib_len as for roce_icrc). UDP
+ * segmentation offload gives segment k of a batch the ID k; the sender fixes
+ * each segment's ICRC with this, the receiver checks candidates with it.
+ */
+uint32_t roce_icrc_v4_id_delta(size_t ib_len, uint16_t id);
+
 /* 24-bit PSN arithmetic (IBTA 9.7.1: half the space behind is the past). */
 static inline uint32_t psn_add(uint32_t psn, uint32_t n)
 {

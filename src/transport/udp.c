@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,16 @@
 #define WINDOW 64		/* packets in flight per QP */
 #define ACKREQ_EVERY 16
 #define MAX_PKT (4096 + 128)
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#define GRO_BUF 65536	/* a receive may hold a coalesced run (UDP_GRO) */
 #define ARES 16			/* saved atomic results (duplicates) */
 
 struct ursa_udp_counters ursa_udp_cnt;
@@ -546,6 +557,18 @@ static struct {
 	int n;
 } grave;			/* receive sockets of gone QPs; under U.lock */
 
+static bool gso_on(void);
+
+/* Receive runs sent with GSO as one buffer (UDP_GRO), when the kernel
+ * kept them together; poll_sock cuts them apart. */
+static void gro_on(int fd)
+{
+	int one = 1;
+
+	if (gso_on())
+		setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof(one));
+}
+
 static void rx_connect(struct ursa_uqp *u, const addr_t *peer, uint16_t sport)
 {
 	struct sockaddr_storage ss;
@@ -577,6 +600,7 @@ static void rx_connect(struct ursa_uqp *u, const addr_t *peer, uint16_t sport)
 			setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
 		else
 			setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one));
+		gro_on(fd);
 		ev.data.u64 = SIDE(v6 ? SIDE_RX6 : SIDE_RX4, fd);
 		if (bind(fd, (struct sockaddr *)&any, al) ||
 		    epoll_ctl(U.fwd_ep, EPOLL_CTL_ADD, fd, &ev)) {
@@ -653,6 +677,7 @@ static int open6(void)
 	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
 	setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
 	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	gro_on(fd);
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
 		close(fd);
 		return -1;
@@ -707,6 +732,7 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 			int big = 8 << 20;
 
 			setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+			gro_on(fd);
 			U.fd = fd;
 			U.fd6 = open6();
 			U.fwd = fwd_open();
@@ -763,8 +789,20 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
  * Packets leave in batches: one sendmmsg per engine step instead of one
  * sendto per packet. The batch belongs to the calling thread and is
  * flushed before the step returns (udp_flush).
+ *
+ * Runs of packets to one destination whose sizes are equal (the last may
+ * be shorter: the MIDDLE packets of a message) go as one UDP GSO send
+ * (UDP_SEGMENT): the kernel cuts the segments as late as it can, often in
+ * the receiving host's socket or its NIC, and the per-packet cost of the
+ * stack, which bounded RoCEv2 bandwidth at that of 1 KiB datagrams, is paid
+ * once per run. Segment k of a run leaves with IPv4 ID k (the kernel numbers
+ * them), so its ICRC is fixed up with the ID's delta (roce.h); receivers
+ * accept IDs 0..URSA_GSO_SEGS-1 (on_packet). URSA_GSO=0 turns it off; a
+ * kernel that refuses it turns it off too.
  */
 #define TXB 64
+#define URSA_GSO_SEGS 64
+#define GSO_MAX_BYTES 65000
 static __thread struct {
 	int n, fd;
 	uint8_t buf[TXB][MAX_PKT];
@@ -772,17 +810,108 @@ static __thread struct {
 	struct mmsghdr mm[TXB];
 	struct sockaddr_storage to[TXB];
 	socklen_t tolen[TXB];
+	char ctl[TXB][CMSG_SPACE(sizeof(uint16_t))];
 } txb;
+static int gso_state;	/* 0 unknown, 1 on, -1 off */
+
+static bool gso_on(void)
+{
+	if (!gso_state)
+		gso_state = ursa_env_long("URSA_GSO", 1, 0, 1) ? 1 : -1;
+	return gso_state > 0;
+}
+
+/* ICRC deltas of the low IPv4 ID bits, for the last lengths seen. */
+static uint32_t id_delta(size_t ib_len, unsigned id)
+{
+	static __thread struct { size_t len; uint32_t d[6]; } c[4];
+	static __thread unsigned next;
+	uint32_t x = 0;
+	int e = -1;
+
+	for (int i = 0; i < 4; i++)
+		if (c[i].len == ib_len)
+			e = i;
+	if (e < 0) {
+		e = (int)(next++ % 4);
+		c[e].len = ib_len;
+		for (int b = 0; b < 6; b++)
+			c[e].d[b] = roce_icrc_v4_id_delta(ib_len, (uint16_t)(1u << b));
+	}
+	for (int b = 0; b < 6; b++)
+		if (id & (1u << b))
+			x ^= c[e].d[b];
+	return x;
+}
+
+/* Does a received ICRC match for one of the IDs a GSO sender uses? got is
+ * the packet's ICRC, c0 the one computed with ID 0. */
+static bool icrc_match_v4(size_t ib_len, uint32_t c0, uint32_t got)
+{
+	uint32_t x = c0 ^ got;
+
+	for (unsigned id = 1; id < URSA_GSO_SEGS; id++)
+		if (id_delta(ib_len, id) == x)
+			return true;
+	return false;
+}
 
 static void udp_flush(void)
 {
-	int done = 0;
+	struct mmsghdr mm[TXB];
+	int m = 0, done = 0;
 
-	while (done < txb.n) {
-		int r = sendmmsg(txb.fd, txb.mm + done, (unsigned)(txb.n - done), 0);
+	for (int i = 0; i < txb.n;) {
+		size_t seg = txb.iov[i].iov_len, tot = seg;
+		int j = i + 1;
+
+		while (gso_on() && j < txb.n && j - i < URSA_GSO_SEGS &&
+		       txb.iov[j - 1].iov_len == seg && txb.iov[j].iov_len <= seg &&
+		       tot + txb.iov[j].iov_len <= GSO_MAX_BYTES &&
+		       txb.tolen[j] == txb.tolen[i] &&
+		       !memcmp(&txb.to[j], &txb.to[i], txb.tolen[i]))
+			tot += txb.iov[j++].iov_len;
+		mm[m] = txb.mm[i];
+		mm[m].msg_hdr.msg_iovlen = (size_t)(j - i);
+		if (j - i > 1) {
+			struct cmsghdr *cm;
+			uint16_t gs = (uint16_t)seg;
+
+			if (txb.to[i].ss_family == AF_INET) {
+				for (int k = 1; k < j - i; k++) {
+					uint8_t *p = txb.buf[i + k];
+					size_t l = txb.iov[i + k].iov_len;
+
+					roce_icrc_put(p + l - 4, roce_icrc_get(p + l - 4) ^
+						      id_delta(l - 4, (unsigned)k));
+				}
+			}
+			mm[m].msg_hdr.msg_control = txb.ctl[i];
+			mm[m].msg_hdr.msg_controllen = sizeof(txb.ctl[i]);
+			cm = CMSG_FIRSTHDR(&mm[m].msg_hdr);
+			cm->cmsg_level = SOL_UDP;
+			cm->cmsg_type = UDP_SEGMENT;
+			cm->cmsg_len = CMSG_LEN(sizeof(gs));
+			memcpy(CMSG_DATA(cm), &gs, sizeof(gs));
+		}
+		m++;
+		i = j;
+	}
+	while (done < m) {
+		int r = sendmmsg(txb.fd, mm + done, (unsigned)(m - done), 0);
 
 		if (r <= 0) {
 			ursa_dbg("udp send: %s", strerror(errno));
+			if (mm[done].msg_hdr.msg_controllen &&
+			    (errno == EIO || errno == EINVAL || errno == ENOPROTOOPT ||
+			     errno == EOPNOTSUPP)) {
+				/* no UDP GSO here: send singly from now on (the
+				 * lost run is retransmitted; receivers accept
+				 * its fixed-up ICRCs) */
+				gso_state = -1;
+				ursa_info("RoCEv2: UDP segmentation offload refused (%s): sending packet by packet",
+					  strerror(errno));
+			}
 			break;
 		}
 		done += r;
@@ -1788,9 +1917,15 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	}
 	/* The ICRC first: a damaged packet tells nothing trustworthy. */
 	hl = ip_udp(ip, udp, src, dst, sport, U.port, len, 0);
-	if (roce_icrc(ip, hl, udp, buf, len - 4) != roce_icrc_get(buf + len - 4)) {
-		atomic_fetch_add(&ursa_udp_cnt.drop_icrc, 1);
-		return;
+	{
+		uint32_t c0 = roce_icrc(ip, hl, udp, buf, len - 4);
+		uint32_t got = roce_icrc_get(buf + len - 4);
+
+		/* IPv4: ID 0, or a segment of a GSO run (udp_flush) */
+		if (c0 != got && (hl != 20 || !icrc_match_v4(len - 4, c0, got))) {
+			atomic_fetch_add(&ursa_udp_cnt.drop_icrc, 1);
+			return;
+		}
 	}
 	if (roce_parse(buf, len, &p)) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_opcode, 1);
@@ -1872,9 +2007,10 @@ uint16_t ursa_udp_port(void)
 static int poll_sock(int fd, bool v6)
 {
 	enum { BATCH = 32 };
-	static uint8_t bufs[BATCH][MAX_PKT + 64];
+	static uint8_t bufs[BATCH][GRO_BUF];
 	static struct sockaddr_storage from[BATCH];
-	static char cbuf[BATCH][CMSG_SPACE(sizeof(struct in6_pktinfo))];
+	static char cbuf[BATCH][CMSG_SPACE(sizeof(struct in6_pktinfo)) +
+				CMSG_SPACE(sizeof(int))];
 	struct mmsghdr mm[BATCH];
 	struct iovec iov[BATCH];
 	int n, total = 0;
@@ -1898,6 +2034,7 @@ static int poll_sock(int fd, bool v6)
 			addr_t src = { .raw = { 0 } }, dst = { .raw = { 0 } };
 			bool have_dst = false;
 			uint16_t sport;
+			size_t seg = 0;
 
 			for (struct cmsghdr *c = CMSG_FIRSTHDR(&mm[i].msg_hdr); c;
 			     c = CMSG_NXTHDR(&mm[i].msg_hdr, c)) {
@@ -1916,6 +2053,12 @@ static int poll_sock(int fd, bool v6)
 					memcpy(&pi, CMSG_DATA(c), sizeof(pi));
 					memcpy(dst.raw, &pi.ipi6_addr, 16);
 					have_dst = true;
+				} else if (c->cmsg_level == SOL_UDP &&
+					   c->cmsg_type == UDP_GRO) {
+					int g;
+
+					memcpy(&g, CMSG_DATA(c), sizeof(g));
+					seg = g > 0 ? (size_t)g : 0;
 				}
 			}
 			if (v6) {
@@ -1934,7 +2077,13 @@ static int poll_sock(int fd, bool v6)
 				atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
 				continue;
 			}
-			on_packet(bufs[i], mm[i].msg_len, &src, sport, &dst, false);
+			/* A coalesced run: segments of seg bytes, the last
+			 * possibly shorter, each a packet of its own. */
+			if (!seg || seg >= mm[i].msg_len)
+				seg = mm[i].msg_len;
+			for (size_t off = 0; off < mm[i].msg_len; off += seg)
+				on_packet(bufs[i] + off, MIN(seg, mm[i].msg_len - off),
+					  &src, sport, &dst, false);
 		}
 		total += n;
 		if (n < BATCH)

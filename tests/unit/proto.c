@@ -44,6 +44,42 @@ static int icrc_ok(const char *hex, uint32_t want_wire_le)
 	return c == want_wire_le;
 }
 
+/* The ICRC with an IPv4 ID is the ICRC with ID 0 xor a delta (captured
+ * packets carry non-zero IDs), for any length and ID. */
+static int test_icrc_v4_id_delta(void)
+{
+	uint8_t f[512], ip[20];
+	size_t n = unhex("e41d2dab2bc27cfe90643b32080045c2003c718c400040119161"
+			 "0a0011010a001201000012b700280000" "8100ffff40000118"
+			 "00000000" "00000000000000000000000000000000" "82fd002a",
+			 f, sizeof(f));
+	size_t iblen = n - 14 - 20 - 8 - 4;
+	uint8_t pkt[1200], udp[8] = { 0xc0, 0x00, 0x12, 0xb7 };
+
+	memcpy(ip, f + 14, 20);
+	ip[4] = ip[5] = 0;
+	EXPECT_EQ(roce_icrc(ip, 20, f + 34, f + 42, iblen) ^
+		  roce_icrc_v4_id_delta(iblen, 0x718c), 0x2a00fd82u);
+	for (uint32_t i = 0; i < sizeof(pkt); i++)
+		pkt[i] = (uint8_t)(i * 7 + 1);
+	for (uint16_t id = 1; id < 200; id += 37) {
+		size_t len = 12 + id * 5u;
+		uint32_t c0, c;
+
+		memset(ip, 0, sizeof(ip));
+		ip[0] = 0x45;
+		ip[6] = 0x40;
+		ip[9] = 17;
+		c0 = roce_icrc(ip, 20, udp, pkt, len);
+		ip[4] = (uint8_t)(id >> 8);
+		ip[5] = (uint8_t)id;
+		c = roce_icrc(ip, 20, udp, pkt, len);
+		EXPECT_TRUE(c != c0);
+		EXPECT_EQ(c0 ^ roce_icrc_v4_id_delta(len, id), c);
+	}
+	return TEST_RESULT();
+}
+
 static int test_icrc_published_vectors(void)
 {
 	/* (a) RoCEv2 CNP captured from a ConnectX-4 Lx */
@@ -210,6 +246,7 @@ static int test_psn_arithmetic(void)
 
 static const struct test tests[] = {
 	TEST_ENTRY(icrc_published_vectors, "ICRC of captured and published packets"),
+	TEST_ENTRY(icrc_v4_id_delta, "ICRC with an IPv4 ID: ID 0 xor a linear delta"),
 	TEST_ENTRY(icrc_ipv6_vector, "ICRC over IPv6 with the variant-field masks"),
 	TEST_ENTRY(roundtrip_all_opcodes, "every opcode builds, parses, refuses truncation"),
 	TEST_ENTRY(parse_refuses, "malformed packets are refused"),
