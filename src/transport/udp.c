@@ -33,7 +33,7 @@
 
 #include "../proto/roce.h"
 
-#define WINDOW 64		/* packets in flight per QP */
+#define WINDOW 256		/* packets in flight per QP */
 #define ACKREQ_EVERY 16
 #define MAX_PKT (4096 + 128)
 #ifndef UDP_SEGMENT
@@ -821,38 +821,47 @@ static bool gso_on(void)
 	return gso_state > 0;
 }
 
-/* ICRC deltas of the low IPv4 ID bits, for the last lengths seen. */
-static uint32_t id_delta(size_t ib_len, unsigned id)
+/* ICRC deltas of the six low IPv4 ID bits, for the last lengths seen. */
+static const uint32_t *id_basis(size_t ib_len)
 {
 	static __thread struct { size_t len; uint32_t d[6]; } c[4];
 	static __thread unsigned next;
-	uint32_t x = 0;
-	int e = -1;
+	int e;
 
-	for (int i = 0; i < 4; i++)
-		if (c[i].len == ib_len)
-			e = i;
-	if (e < 0) {
-		e = (int)(next++ % 4);
-		c[e].len = ib_len;
-		for (int b = 0; b < 6; b++)
-			c[e].d[b] = roce_icrc_v4_id_delta(ib_len, (uint16_t)(1u << b));
-	}
+	for (e = 0; e < 4; e++)
+		if (c[e].len == ib_len)
+			return c[e].d;
+	e = (int)(next++ % 4);
+	c[e].len = ib_len;
+	for (int b = 0; b < 6; b++)
+		c[e].d[b] = roce_icrc_v4_id_delta(ib_len, (uint16_t)(1u << b));
+	return c[e].d;
+}
+
+static uint32_t id_delta(size_t ib_len, unsigned id)
+{
+	const uint32_t *d = id_basis(ib_len);
+	uint32_t x = 0;
+
 	for (int b = 0; b < 6; b++)
 		if (id & (1u << b))
-			x ^= c[e].d[b];
+			x ^= d[b];
 	return x;
 }
 
 /* Does a received ICRC match for one of the IDs a GSO sender uses? got is
- * the packet's ICRC, c0 the one computed with ID 0. */
+ * the packet's ICRC, c0 the one computed with ID 0. The IDs are walked in
+ * Gray code order: each step changes one bit, so one xor. */
 static bool icrc_match_v4(size_t ib_len, uint32_t c0, uint32_t got)
 {
-	uint32_t x = c0 ^ got;
+	const uint32_t *d = id_basis(ib_len);
+	uint32_t x = c0 ^ got, y = 0;
 
-	for (unsigned id = 1; id < URSA_GSO_SEGS; id++)
-		if (id_delta(ib_len, id) == x)
+	for (unsigned i = 1; i < URSA_GSO_SEGS; i++) {
+		y ^= d[__builtin_ctz(i)];	/* gray(i) = gray(i-1) ^ lowest bit of i */
+		if (y == x)
 			return true;
+	}
 	return false;
 }
 
