@@ -93,6 +93,10 @@ struct ursa_udp_stats {
 	uint64_t fault_delay;
 	uint64_t drop_fwd;	/* for another process of the host, whose
 				 * connection was full (it was behind) */
+	/* UDP segmentation offload: runs sent as one GSO send, coalesced
+	 * runs received (UDP_GRO), packets whose ICRC matched with a
+	 * non-zero IPv4 ID (a segment k of a run that was cut apart) */
+	uint64_t tx_gso, rx_gro, rx_ipid;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

@@ -69,6 +69,7 @@ struct ursa_udp_counters {
 	atomic_uint_fast64_t forwarded;	/* to another process of the host */
 	atomic_uint_fast64_t drop_fwd;	/* for another process, which was behind */
 	atomic_uint_fast64_t fault_delay;
+	atomic_uint_fast64_t tx_gso, rx_gro, rx_ipid;
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

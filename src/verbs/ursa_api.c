@@ -155,7 +155,8 @@ EXPORT int ursa_udp_stats(struct ursa_udp_stats *st)
 	C(naks_sent); C(naks_rcvd); C(rnr_naks); C(drop_short); C(drop_opcode);
 	C(drop_icrc); C(drop_qpn); C(drop_src); C(drop_psn); C(drop_state);
 	C(dup); C(fault_lost); C(fault_dup); C(fault_corrupt); C(fault_reorder);
-	C(forwarded); C(fault_delay); C(drop_fwd);
+	C(forwarded); C(fault_delay); C(drop_fwd); C(tx_gso); C(rx_gro);
+	C(rx_ipid);
 #undef C
 	return 0;
 }

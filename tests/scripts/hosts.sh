@@ -73,6 +73,22 @@ SRV_ENV="URSA_FAULT=$F,seed=11" CLI_ENV="URSA_FAULT=$F,seed=12" \
 # 2a. over IPv6: RoCEv2 GIDs that are IPv6 addresses
 XHOST=$IP61 SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 8)) MiB over IPv6" "$((MIB / 8))"
 
+# 2b. segmentation offload: by default runs of packets leave as one GSO
+# send and arrive whole (UDP_GRO). A receiver without GRO gets them cut
+# apart, segment k with IPv4 ID k: their fixed-up ICRCs must be accepted
+# (no ICRC drop, packets seen with an ID). And without GSO at all.
+gso_check() { # name, then what the client's counters must show (awk)
+	if grep -q '^counters' "$tmp/c" && sed -n 's/^counters: //p' "$tmp/c" | awk "$2 {ok = 1} END {exit !ok}"
+	then ok "$1"; else bad "$1" "$(grep '^counters' "$tmp/c")"; fi
+}
+# (fields, +0 drops a trailing comma: $15 ICRC drops, $36 runs sent, $39 runs received whole, $45 IDs)
+XHOST= SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 8)) MiB, GSO and GRO" "$((MIB / 8))"
+gso_check "  GSO runs sent and received whole, no ICRC drop" '$15+0 == 0 && $36+0 > 0 && $39+0 > 0'
+SRV_ENV= CLI_ENV=URSA_GRO=0 xfer_pair "RC $((MIB / 8)) MiB, receiver without GRO" "$((MIB / 8))"
+gso_check "  cut-apart segments accepted by their IPv4 ID, no ICRC drop" '$15+0 == 0 && $39+0 == 0 && $45+0 > 0'
+SRV_ENV=URSA_GSO=0 CLI_ENV=URSA_GSO=0 xfer_pair "RC $((MIB / 8)) MiB, URSA_GSO=0" "$((MIB / 8))"
+gso_check "  no GSO runs, no ID but 0" '$15+0 == 0 && $36+0 == 0 && $39+0 == 0 && $45+0 == 0'
+
 # 2b. two processes on each host at once: they share the RoCEv2 port
 ip netns exec $H1 $RUN timeout 300 "$XFER" server 7300 >"$tmp/s1" 2>&1 &
 s1=$!
