@@ -819,13 +819,17 @@ static __thread struct {
 	socklen_t tolen[TXB];
 	char ctl[TXB][CMSG_SPACE(sizeof(uint16_t))];
 } txb;
-static int gso_state;	/* 0 unknown, 1 on, -1 off */
+static atomic_int gso_state;	/* 0 unknown, 1 on, -1 off */
 
 static bool gso_on(void)
 {
-	if (!gso_state)
-		gso_state = ursa_env_long("URSA_GSO", 1, 0, 1) ? 1 : -1;
-	return gso_state > 0;
+	int st = atomic_load_explicit(&gso_state, memory_order_relaxed);
+
+	if (!st) {
+		st = ursa_env_long("URSA_GSO", 1, 0, 1) ? 1 : -1;
+		atomic_store_explicit(&gso_state, st, memory_order_relaxed);
+	}
+	return st > 0;
 }
 
 /* ICRC deltas of the six low IPv4 ID bits, for the last lengths seen. */
@@ -925,7 +929,8 @@ static void udp_flush(void)
 				/* no UDP GSO here: send singly from now on (the
 				 * lost run is retransmitted; receivers accept
 				 * its fixed-up ICRCs) */
-				gso_state = -1;
+				atomic_store_explicit(&gso_state, -1,
+						      memory_order_relaxed);
 				ursa_info("RoCEv2: UDP segmentation offload refused (%s): sending packet by packet",
 					  strerror(errno));
 			}
