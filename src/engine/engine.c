@@ -62,10 +62,15 @@ __thread struct ursa_ctx *ursa_pass_ctx;
 static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline,
 		bool engine)
 {
-	int work;
+	int work = 0;
 
 	ursa_pass_ctx = ctx;
-	work = ursa_shm_serve(ctx->eng) + ursa_udp_poll(engine);
+	/* Answers that are already in first: the completions of our
+	 * requests come before those of the peers' requests that they
+	 * caused (see on_packet in udp.c). */
+	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
+		work += ursa_req_process(qp, now, deadline);
+	work += ursa_shm_serve(ctx->eng) + ursa_udp_poll(engine);
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
 		work += ursa_req_process(qp, now, deadline);
 	ursa_pass_ctx = NULL;

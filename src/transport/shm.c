@@ -1219,6 +1219,14 @@ int ursa_shm_serve(struct ursa_engine *e)
 			memcpy(q.data, sq->data, q.inline_len);
 			atomic_store_explicit(&c->mem->req_head, h + 1,
 					      memory_order_release);
+			/* Our QP's own answers from this peer first: an
+			 * answer the peer gave before sending this request
+			 * completes before it does (see on_packet in udp.c). */
+			{
+				uint64_t d = UINT64_MAX;
+
+				ursa_req_process(c->qp, ursa_now_ns(), &d);
+			}
 			serve_one(c, &q);
 			work++;
 		}

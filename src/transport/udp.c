@@ -1933,6 +1933,7 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	struct ursa_uqp *u;
 	uint32_t f;
 	enum ibv_qp_type t;
+	bool decided = false;
 
 	atomic_fetch_add(&ursa_udp_cnt.rx_pkts, 1);
 	atomic_fetch_add(&ursa_udp_cnt.rx_bytes, len);
@@ -1992,10 +1993,13 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 
 		if (st == IBV_QPS_RTS || st == IBV_QPS_SQD) {
 			on_response(qp, u, &p);
-			/* Our own pass runs the requester next; another
-			 * context's engine must be told. */
+			/* Our own pass runs the requester (now, if the
+			 * message is decided, see below); another context's
+			 * engine must be told. */
 			if (qp->ctx->eng && qp->ctx != ursa_pass_ctx)
 				ursa_engine_kick(qp->ctx->eng);
+			else if (qp->ctx == ursa_pass_ctx)
+				decided = u->m.done || u->m.nak;
 		} else {
 			atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
 		}
@@ -2007,6 +2011,16 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	}
 	pthread_mutex_unlock(&u->lock);
 	udp_flush();
+	/* Complete the WQE before the packets behind this one are taken:
+	 * an ACK arrives before the peer's next SEND it caused, and
+	 * programs rely on seeing the send completion first (perftest's
+	 * event mode polls the send CQ once after an event on a channel
+	 * both CQs share). This thread holds the context's lock (its pass). */
+	if (decided) {
+		uint64_t d = UINT64_MAX;
+
+		ursa_req_process(qp, ursa_now_ns(), &d);
+	}
 out:
 	ursa_loop_put(qp);
 }

@@ -99,6 +99,7 @@ ib_write_bw -n 300|65536
 ib_read_lat -n 300|2
 ib_read_bw -n 300|65536
 ib_send_lat -n 300|2
+ib_send_lat -n 500 -e|2
 ib_send_bw -n 300|65536
 ib_atomic_lat -n 300|8
 ib_atomic_bw -n 300|8
