@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: MIT
 /*
  * core.c (unit) - the pure modules: key table, pin map, translation
- * tables, the QP state table and rings.
+ * tables, the QP state table, rings and the table published to same-host
+ * requesters.
  */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "../harness.h"
 #include "../../src/core/core.h"
+#include "../../src/core/pub.h"
 
 static int test_keys_unique_random(void)
 {
@@ -322,6 +326,131 @@ static int test_ring_wraparound(void)
 	return TEST_RESULT();
 }
 
+/* An MR as registration leaves it, enough for the published table. */
+static void fake_mr(struct ursa_mr *mr, struct ursa_pd *pd, uint32_t rkey,
+		    unsigned int access, uint64_t iova, uint64_t len)
+{
+	memset(mr, 0, sizeof(*mr));
+	mr->pd = pd;
+	mr->ibv.rkey = rkey;
+	mr->access = access;
+	mr->iova = iova;
+	mr->length = len;
+	mr->addr = 0x7f0000000000ull + iova;
+}
+
+static uint32_t pub_hash(uint32_t rkey)
+{
+	return (rkey * 0x9e3779b1u) >> 20;	/* as pub.c places entries */
+}
+
+static int test_pub_table(void)
+{
+	struct ursa_pd pd = { 0 }, pd2 = { 0 };
+	struct ursa_mr mr, ro, nr, crowd[URSA_PUB_PROBE + 1];
+	struct ursa_qp qp;
+	struct ursa_pub_mr e;
+	const struct ursa_pubmem *m;
+	uint32_t base = 0x123456u, n = 0;
+	int fd, slot, bad;
+	uint64_t w;
+
+	pd.ibv.handle = 7;
+	pd2.ibv.handle = 8;
+	fd = ursa_pub_fd();
+	REQUIRE(fd >= 0);
+	m = ursa_pub_map(fd);	/* a requester's read-only view */
+	REQUIRE(m != NULL);
+	fake_mr(&mr, &pd, 0xabcdef01u, IBV_ACCESS_LOCAL_WRITE |
+		IBV_ACCESS_REMOTE_WRITE, 0x1000, 0x3000);
+	ursa_pub_mr_add(&mr);
+	EXPECT_TRUE(mr.pub_idx != 0);
+	EXPECT_TRUE(ursa_pub_find(m, 0xabcdef01u, &e));
+	EXPECT_EQ(e.pd, 7);
+	EXPECT_EQ(e.iova, 0x1000);
+	EXPECT_EQ(e.length, 0x3000);
+	EXPECT_EQ(e.addr, 0x7f0000001000ull);
+	EXPECT_TRUE(e.access & IBV_ACCESS_REMOTE_WRITE);
+	/* a neighbouring key and key 0 are not found */
+	EXPECT_TRUE(!ursa_pub_find(m, 0xabcdef02u, &e));
+	EXPECT_TRUE(!ursa_pub_find(m, 0, &e));
+	/* MRs without remote rights are not published at all */
+	fake_mr(&nr, &pd, 0x11111111u, IBV_ACCESS_LOCAL_WRITE, 0, 4096);
+	ursa_pub_mr_add(&nr);
+	EXPECT_EQ(nr.pub_idx, 0);
+	EXPECT_TRUE(!ursa_pub_find(m, 0x11111111u, &e));
+	/* removal: gone for requesters, and idempotent */
+	EXPECT_TRUE(ursa_pub_mr_del(&mr));
+	EXPECT_TRUE(!ursa_pub_find(m, 0xabcdef01u, &e));
+	EXPECT_TRUE(!ursa_pub_mr_del(&mr));
+	/* a crowded neighbourhood: the key that finds no slot among its
+	 * probes is not published (its accesses go through the target) */
+	for (uint32_t k = base; n < URSA_PUB_PROBE + 1; k++)
+		if (pub_hash(k) == pub_hash(base)) {
+			fake_mr(&crowd[n], &pd2, k, IBV_ACCESS_LOCAL_WRITE |
+				IBV_ACCESS_REMOTE_READ, 0, 4096);
+			ursa_pub_mr_add(&crowd[n]);
+			n++;
+		}
+	bad = 0;
+	for (uint32_t i = 0; i < URSA_PUB_PROBE; i++)
+		bad += !ursa_pub_find(m, crowd[i].ibv.rkey, &e) || e.pd != 8;
+	EXPECT_EQ(bad, 0);
+	EXPECT_EQ(crowd[URSA_PUB_PROBE].pub_idx, 0);
+	EXPECT_TRUE(!ursa_pub_find(m, crowd[URSA_PUB_PROBE].ibv.rkey, &e));
+	for (uint32_t i = 0; i <= URSA_PUB_PROBE; i++)
+		ursa_pub_mr_del(&crowd[i]);
+	/* re-registration: the entry follows the MR's new rights */
+	fake_mr(&ro, &pd, 0x55aa55aau, IBV_ACCESS_REMOTE_READ, 0, 8192);
+	ursa_pub_mr_add(&ro);
+	EXPECT_TRUE(ursa_pub_find(m, 0x55aa55aau, &e) &&
+		    !(e.access & IBV_ACCESS_REMOTE_WRITE));
+	ursa_pub_mr_del(&ro);
+	ro.access |= IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	ursa_pub_mr_add(&ro);
+	EXPECT_TRUE(ursa_pub_find(m, 0x55aa55aau, &e) &&
+		    (e.access & IBV_ACCESS_REMOTE_WRITE));
+	ursa_pub_mr_del(&ro);
+	/* a QP's word: QPN, PD, accepting state and remote rights */
+	memset(&qp, 0, sizeof(qp));
+	qp.pd = &pd;
+	qp.ex.qp_base.qp_num = 0xbeef12;
+	atomic_init(&qp.state, IBV_QPS_INIT);
+	slot = ursa_pub_qp_slot(&qp);
+	REQUIRE(slot >= 0 && slot < (int)URSA_PUB_QPS);
+	w = atomic_load(&((struct ursa_pubmem *)m)->qp[slot]);
+	EXPECT_EQ(w & 0xffffff, 0xbeef12);
+	EXPECT_EQ(w >> 32, 7);
+	EXPECT_EQ((w >> 24) & URSA_PUBQ_ACCEPT, 0);
+	atomic_store(&qp.state, IBV_QPS_RTR);
+	qp.attr.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+	ursa_pub_qp_update(&qp);
+	w = atomic_load(&((struct ursa_pubmem *)m)->qp[slot]);
+	EXPECT_EQ((w >> 24) & 7, URSA_PUBQ_ACCEPT | URSA_PUBQ_READ);
+	EXPECT_EQ(ursa_pub_qp_slot(&qp), slot);	/* one slot per QP */
+	ursa_pub_qp_free(&qp);
+	EXPECT_EQ(atomic_load(&((struct ursa_pubmem *)m)->qp[slot]), 0);
+	ursa_pub_unmap(m);
+	return TEST_RESULT();
+}
+
+/* A requester refuses a table that is too short or not sealed against
+ * shrinking (its owner could make it fault). */
+static int test_pub_map_refuses(void)
+{
+	int fd = memfd_create("t", MFD_ALLOW_SEALING);
+
+	REQUIRE(fd >= 0);
+	REQUIRE(ftruncate(fd, 4096) == 0);
+	EXPECT_TRUE(ursa_pub_map(fd) == NULL);
+	REQUIRE(ftruncate(fd, sizeof(struct ursa_pubmem)) == 0);
+	EXPECT_TRUE(ursa_pub_map(fd) == NULL);	/* right size, not sealed */
+	REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+	EXPECT_TRUE(ursa_pub_map(fd) == NULL);	/* sealed, but no magic */
+	close(fd);
+	return TEST_RESULT();
+}
+
 static const struct test tests[] = {
 	TEST_ENTRY(keys_unique_random, "keys are unique and not sequential"),
 	TEST_ENTRY(keys_revoked_and_quarantined, "freed keys fail and stay unused"),
@@ -332,6 +461,8 @@ static const struct test tests[] = {
 	TEST_ENTRY(mtt_self_real_memory, "translation table of real memory"),
 	TEST_ENTRY(qp_state_table, "IBTA modify-QP table"),
 	TEST_ENTRY(ring_wraparound, "ring indices wrap and stay bounded"),
+	TEST_ENTRY(pub_table, "published rkeys and QP words, as a requester reads them"),
+	TEST_ENTRY(pub_map_refuses, "a short, unsealed or foreign table is refused"),
 };
 
 int main(int argc, char **argv)
