@@ -163,7 +163,8 @@ static uint64_t qp_word(struct ursa_qp *qp)
 		f |= URSA_PUBQ_ACCEPT;
 	if (acc & IBV_ACCESS_REMOTE_WRITE)
 		f |= URSA_PUBQ_WRITE;
-	if (acc & IBV_ACCESS_REMOTE_READ)
+	/* IBTA 9.7.5.1.1: READs need responder resources too */
+	if ((acc & IBV_ACCESS_REMOTE_READ) && qp->attr.max_dest_rd_atomic)
 		f |= URSA_PUBQ_READ;
 	return (qp->ex.qp_base.qp_num & 0xffffffu) | (uint64_t)f << 24 |
 	       (uint64_t)qp->pd->ibv.handle << 32;

@@ -42,7 +42,7 @@
 /* QP word: qpn (24 bits) | flags << 24 | pd << 32. */
 #define URSA_PUBQ_ACCEPT (1u << 0)	/* RTR, RTS, SQD or SQE */
 #define URSA_PUBQ_WRITE (1u << 1)	/* qp_access_flags remote write */
-#define URSA_PUBQ_READ (1u << 2)	/* qp_access_flags remote read */
+#define URSA_PUBQ_READ (1u << 2)	/* remote read, and max_dest_rd_atomic > 0 */
 
 struct ursa_pub_mr {
 	atomic_uint seq;	/* odd while the owner rewrites the entry */

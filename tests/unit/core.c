@@ -426,6 +426,11 @@ static int test_pub_table(void)
 	qp.attr.qp_access_flags = IBV_ACCESS_REMOTE_READ;
 	ursa_pub_qp_update(&qp);
 	w = atomic_load(&((struct ursa_pubmem *)m)->qp[slot]);
+	/* no responder resources: READs must reach the target, which NAKs */
+	EXPECT_EQ((w >> 24) & 7, URSA_PUBQ_ACCEPT);
+	qp.attr.max_dest_rd_atomic = 1;
+	ursa_pub_qp_update(&qp);
+	w = atomic_load(&((struct ursa_pubmem *)m)->qp[slot]);
 	EXPECT_EQ((w >> 24) & 7, URSA_PUBQ_ACCEPT | URSA_PUBQ_READ);
 	EXPECT_EQ(ursa_pub_qp_slot(&qp), slot);	/* one slot per QP */
 	ursa_pub_qp_free(&qp);
