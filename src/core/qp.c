@@ -312,7 +312,15 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	struct ursa_ctx *ctx = qp->ctx;
 	struct ibv_qp_attr *q = &qp->attr;
 	int cur, next, ret;
+	/* RESET and SQD need the engine out of the QP: its lock comes
+	 * first (the lock order of docs/design.md; taken inside the state
+	 * lock, it could deadlock with an engine pass that moves the QP to
+	 * an error state). */
+	bool eng = (mask & IBV_QP_STATE) && (a->qp_state == IBV_QPS_RESET ||
+					     a->qp_state == IBV_QPS_SQD);
 
+	if (eng)
+		pthread_mutex_lock(&ctx->qp_lock);
 	pthread_mutex_lock(&qp->state_lock);
 	cur = qp_state(qp);
 	next = (mask & IBV_QP_STATE) ? (int)a->qp_state : cur;
@@ -321,6 +329,8 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		ret = check_values(qp, a, mask);
 	if (ret) {
 		pthread_mutex_unlock(&qp->state_lock);
+		if (eng)
+			pthread_mutex_unlock(&ctx->qp_lock);
 		return ret;
 	}
 	if (mask & IBV_QP_PKEY_INDEX) q->pkey_index = a->pkey_index;
@@ -352,7 +362,6 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	if (next == IBV_QPS_RESET && cur != IBV_QPS_RESET) {
 		/* IBTA 10.3.1: RESET empties both work queues without
 		 * completions. The engine must not be inside this QP. */
-		pthread_mutex_lock(&ctx->qp_lock);
 		pthread_mutex_lock(&qp->rq_lock);
 		atomic_store(&qp->sq.head, atomic_load(&qp->sq.tail));
 		/* Sequence state of channels restarts with the QP. */
@@ -362,15 +371,17 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 				     atomic_load(&qp->rq.ring.tail));
 		set_state(qp, next);
 		pthread_mutex_unlock(&qp->rq_lock);
-		pthread_mutex_unlock(&ctx->qp_lock);
 		memset(q, 0, sizeof(*q));
 		ursa_pub_qp_update(qp);
 		pthread_mutex_unlock(&qp->state_lock);
+		pthread_mutex_unlock(&ctx->qp_lock);
 		ursa_uqp_modified(qp, mask);
 		return 0;
 	}
 	if (next == IBV_QPS_ERR) {
 		pthread_mutex_unlock(&qp->state_lock);
+		if (eng)
+			pthread_mutex_unlock(&ctx->qp_lock);
 		ursa_qp_to_error(qp, false);
 		ursa_uqp_modified(qp, mask);
 		return 0;
@@ -378,10 +389,9 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	if (next == IBV_QPS_SQD && cur != IBV_QPS_SQD) {
 		/* Under the engine's lock no WQE is mid-execution, so the
 		 * send queue is drained the moment the state changes. */
-		pthread_mutex_lock(&ctx->qp_lock);
 		set_state(qp, next);
-		pthread_mutex_unlock(&ctx->qp_lock);
 		pthread_mutex_unlock(&qp->state_lock);
+		pthread_mutex_unlock(&ctx->qp_lock);
 		if ((mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && a->en_sqd_async_notify)
 			ursa_async_event(ctx, IBV_EVENT_SQ_DRAINED,
 					 &qp->ex.qp_base);
@@ -389,6 +399,8 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	}
 	set_state(qp, next);
 	pthread_mutex_unlock(&qp->state_lock);
+	if (eng)
+		pthread_mutex_unlock(&ctx->qp_lock);
 	ursa_uqp_modified(qp, mask);
 	if (next == IBV_QPS_RTS && ctx->eng)
 		ursa_engine_kick(ctx->eng);
