@@ -28,6 +28,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../transport/shm.h"
@@ -104,19 +105,43 @@ int ursa_engine_progress(struct ursa_ctx *ctx)
 	return work;
 }
 
-static void handle_events(struct ursa_engine *e, int timeout_ms)
+/* Wait up to timeout_ns (UINT64_MAX: no limit) and handle what came.
+ * Returns whether anything but RoCEv2 readiness came (a doorbell, a
+ * same-host channel). */
+static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns)
 {
+	static atomic_bool no_pwait2;
 	struct epoll_event ev[32];
-	int n = epoll_wait(e->epfd, ev, 32, timeout_ms);
+	bool other = false;
+	int n = -1;
 
+	if (timeout_ns != UINT64_MAX && timeout_ns % 1000000 &&
+	    !atomic_load_explicit(&no_pwait2, memory_order_relaxed)) {
+		/* epoll_pwait2 (Linux 5.11): a timeout finer than 1 ms */
+		struct timespec ts = { (time_t)(timeout_ns / 1000000000ull),
+				       (long)(timeout_ns % 1000000000ull) };
+
+		n = epoll_pwait2(e->epfd, ev, 32, &ts, NULL);
+		if (n < 0 && errno == ENOSYS) {
+			atomic_store_explicit(&no_pwait2, true,
+					      memory_order_relaxed);
+			n = epoll_wait(e->epfd, ev, 32,
+				       (int)MIN((timeout_ns + 999999) / 1000000,
+						(uint64_t)INT32_MAX));
+		}
+	} else {
+		n = epoll_wait(e->epfd, ev, 32, timeout_ns == UINT64_MAX ? -1 :
+			       (int)MIN(timeout_ns / 1000000, (uint64_t)INT32_MAX));
+	}
 	if (n <= 0)
-		return;
+		return false;
 	pthread_mutex_lock(&e->ctx->qp_lock);
 	for (int i = 0; i < n; i++) {
 		struct ursa_watch *w = ev[i].data.ptr;
 
 		if (w->kind == URSA_W_UDP)
 			continue;	/* the next pass receives */
+		other = true;
 		if (w->kind == URSA_W_DOORBELL) {
 			uint64_t v;
 
@@ -128,6 +153,7 @@ static void handle_events(struct ursa_engine *e, int timeout_ms)
 		ursa_shm_event(e, w, ev[i].events);
 	}
 	pthread_mutex_unlock(&e->ctx->qp_lock);
+	return other;
 }
 
 static uint64_t tick(struct ursa_engine *e, uint64_t now, uint64_t deadline)
@@ -188,18 +214,63 @@ static void *engine_main(void *arg)
 		atomic_thread_fence(memory_order_seq_cst);
 		if (!any_pending(ctx, ursa_now_ns(), &deadline) &&
 		    !atomic_load(&e->stop)) {
-			int ms = -1;
+			bool was_quiet = false;
 
-			now = ursa_now_ns();
-			deadline = tick(e, now, deadline);
-			atomic_store(&e->sleep_until, deadline);
-			if (deadline != UINT64_MAX)
-				ms = deadline > now ?
-					(int)MIN((deadline - now + 999999) / 1000000,
-						 (uint64_t)INT32_MAX) : 0;
-			handle_events(e, ms);
+			/* (quiet time off: try again after a while) */
+			if (!e->quiet_cur && e->quiet_ns &&
+			    ursa_now_ns() - e->quiet_off > RECENT_NS)
+				e->quiet_cur = e->quiet_ns;
+			for (;;) {
+				uint64_t until, app, t0;
+				bool quiet, other;
+
+				/* While an application thread polls, it reads
+				 * the RoCEv2 sockets: sleep without them and
+				 * look again every quiet_cur; once it has been
+				 * quiet that long, watch them again (pending
+				 * packets then wake us at once). */
+				now = ursa_now_ns();
+				app = atomic_load_explicit(&e->app_pass_ns,
+							   memory_order_relaxed);
+				quiet = e->quiet_cur && ursa_udp_live() &&
+					now - app < e->quiet_cur;
+				ursa_udp_engine_watch(e, !quiet);
+				deadline = tick(e, now, deadline);
+				until = deadline;
+				if (quiet && until > now + e->quiet_cur)
+					until = now + e->quiet_cur;
+				atomic_store(&e->sleep_until, until);
+				t0 = now;
+				other = handle_events(e, until == UINT64_MAX ?
+						      UINT64_MAX : until > now ?
+						      until - now : 0);
+				atomic_fetch_add(&e->wakeups, 1);
+				now = ursa_now_ns();
+				/* Adapt: packets that were already waiting
+				 * when we watched the sockets again had
+				 * waited for us (the application had stopped
+				 * polling, as perftest's WRITE latency test
+				 * does while it spins on memory): halve the
+				 * quiet time, down to none. A quiet time that
+				 * ends with the application still polling
+				 * grows it back, up to URSA_QUIET_US. */
+				if (was_quiet && !quiet && !other &&
+				    now - t0 < 20000) {
+					e->quiet_cur /= 2;
+					if (e->quiet_cur < 2000) {
+						e->quiet_cur = 0;
+						e->quiet_off = now;
+					}
+				} else if (was_quiet && quiet) {
+					e->quiet_cur = MIN(e->quiet_ns,
+							   e->quiet_cur * 2);
+				}
+				was_quiet = quiet;
+				if (other || !quiet || now >= deadline ||
+				    atomic_load(&e->stop))
+					break;
+			}
 			last_events = ursa_now_ns();
-			atomic_fetch_add(&e->wakeups, 1);
 		}
 		atomic_store(&e->ctl->sleeping, 0);
 		atomic_store(&e->sleep_until, 0);
@@ -234,6 +305,8 @@ int ursa_engine_start(struct ursa_ctx *ctx)
 		return -ENOMEM;
 	e->ctx = ctx;
 	e->efd = e->epfd = e->ctl_fd = -1;
+	e->quiet_ns = (uint64_t)ursa_env_long("URSA_QUIET_US", 50, 0, 1000000) * 1000;
+	e->quiet_cur = e->quiet_ns;
 	e->spin_ns = (uint64_t)ursa_env_long("URSA_SPIN_US", 20, 0, 1000000) *
 		     1000ull;
 	e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -47,6 +47,10 @@ struct ursa_engine {
 	atomic_uint_fast64_t wakeups, doorbells, inline_passes;
 	atomic_uint_fast64_t active_ns;	/* last pass that did work */
 	atomic_uint_fast64_t app_pass_ns; /* last pass on an application's thread */
+	uint64_t quiet_ns;	/* URSA_QUIET_US (engine.c) */
+	uint64_t quiet_cur, quiet_off;	/* adapted quiet time; when it went to 0 */
+	bool udp_watched;	/* RoCEv2 side set in epfd (under the udp lock) */
+	bool udp_gone;		/* the context left RoCEv2 (under the udp lock) */
 	uint64_t spin_ns;
 	struct ursa_chan *served;  /* channels whose target QP is ours */
 	struct ursa_chan *grave;   /* closed, freed at the next pass */

@@ -29,6 +29,10 @@ int ursa_udp_start(struct ursa_ctx *ctx);
 void ursa_udp_ctx_gone(struct ursa_ctx *ctx);
 /* Receive and process what is waiting; returns packets handled. */
 int ursa_udp_poll(bool engine);
+/* Whether application passes read the RoCEv2 sockets (there was traffic). */
+bool ursa_udp_live(void);
+/* Add (on) or remove the RoCEv2 sockets in an engine's epoll set. */
+void ursa_udp_engine_watch(struct ursa_engine *e, bool on);
 int ursa_udp_fd(void);
 /* Fault injection on transmit: "loss=P,dup=P,reorder=P,corrupt=P,delay=P,
  * delay_us=N,seed=S" (P in percent); NULL turns it off. */
