@@ -251,12 +251,6 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 	return 0;
 }
 
-/* Range [va, va+len) inside [base, base+size), without overflow. */
-static bool in_bounds(uint64_t base, uint64_t size, uint64_t va, uint64_t len)
-{
-	return va >= base && len <= size && va - base <= size - len;
-}
-
 static int translate(struct ursa_mr *mr, uint64_t iova, uint64_t len,
 		     uintptr_t *va)
 {
@@ -290,7 +284,7 @@ int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
 		ret = URSA_MEM_BAD_KEY;
 	else if (mr->pd != pd)
 		ret = URSA_MEM_BAD_PD;
-	else if (!in_bounds(mr->iova, mr->length, sge->addr, sge->length))
+	else if (!ursa_in_bounds(mr->iova, mr->length, sge->addr, sge->length))
 		ret = URSA_MEM_BAD_BOUNDS;
 	else if ((need & IBV_ACCESS_LOCAL_WRITE) &&
 		 !(mr->access & IBV_ACCESS_LOCAL_WRITE))
@@ -326,7 +320,7 @@ int ursa_mem_remote(struct ursa_pd *pd, uint32_t qpn, uint32_t rkey,
 			ret = URSA_MEM_BAD_KEY;
 		else if (mr->pd != pd)
 			ret = URSA_MEM_BAD_PD;
-		else if (!in_bounds(mr->iova, mr->length, va, len))
+		else if (!ursa_in_bounds(mr->iova, mr->length, va, len))
 			ret = URSA_MEM_BAD_BOUNDS;
 		else if ((mr->access & need) != need)
 			ret = URSA_MEM_BAD_ACCESS;
@@ -343,7 +337,7 @@ int ursa_mem_remote(struct ursa_pd *pd, uint32_t qpn, uint32_t rkey,
 			ret = URSA_MEM_BAD_PD;
 		else if (mw->ibv.type == IBV_MW_TYPE_2 && mw->qpn != qpn)
 			ret = URSA_MEM_BAD_QP;
-		else if (!in_bounds(mw->addr, mw->length, va, len))
+		else if (!ursa_in_bounds(mw->addr, mw->length, va, len))
 			ret = URSA_MEM_BAD_BOUNDS;
 		else if ((mw->access & need) != need)
 			ret = URSA_MEM_BAD_ACCESS;
@@ -441,7 +435,7 @@ enum ibv_wc_status ursa_mw_bind(struct ursa_qp *qp, struct ursa_mw *mw,
 	else if ((acc & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
 		 !(mr->access & IBV_ACCESS_LOCAL_WRITE))
 		st = IBV_WC_MW_BIND_ERR;
-	else if (!in_bounds(mr->iova, mr->length, b->addr, b->length))
+	else if (!ursa_in_bounds(mr->iova, mr->length, b->addr, b->length))
 		st = IBV_WC_MW_BIND_ERR;
 	/* C10-75: the new key keeps the window's index; only the key byte
 	 * may change. */

@@ -618,12 +618,6 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 	ring_peer(c);
 }
 
-/* [va, va+len) inside [base, base+size), without overflow. */
-static bool in_bounds(uint64_t base, uint64_t size, uint64_t va, uint64_t len)
-{
-	return va >= base && len <= size && va - base <= size - len;
-}
-
 /*
  * Direct path (pub.h): an RDMA WRITE or READ whose target QP and MR the
  * target's table vouches for is carried out here, by the requester, in one
@@ -663,7 +657,7 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	atomic_thread_fence(memory_order_seq_cst);
 	if (!ursa_pub_find(m, r->rkey, &e) || e.pd != (uint32_t)(qw >> 32) ||
 	    (e.access & acc) != acc ||
-	    !in_bounds(e.iova, e.length, r->remote_addr, len))
+	    !ursa_in_bounds(e.iova, e.length, r->remote_addr, len))
 		goto out;
 	ta = e.addr + (r->remote_addr - e.iova);
 	nl = ursa_sg_slice(rd ? r->dst : r->src, rd ? r->ndst : r->nsrc, 0,

@@ -11,6 +11,7 @@
 #define URSA_UTIL_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -39,6 +40,13 @@ static inline uint64_t ursa_now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Range [va, va+len) inside [base, base+size), without overflow. */
+static inline bool ursa_in_bounds(uint64_t base, uint64_t size, uint64_t va,
+				  uint64_t len)
+{
+	return va >= base && len <= size && va - base <= size - len;
 }
 
 static inline void ursa_cpu_relax(void)
