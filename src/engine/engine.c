@@ -66,11 +66,9 @@ static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline,
 	int work = 0;
 
 	ursa_pass_ctx = ctx;
-	/* Answers that are already in first: the completions of our
-	 * requests come before those of the peers' requests that they
-	 * caused (see on_packet in udp.c). */
-	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
-		work += ursa_req_process(qp, now, deadline);
+	/* (The transports complete a QP's own requests before they deliver
+	 * a peer's request that its answer preceded: ursa_shm_serve and
+	 * on_packet in udp.c; docs/design.md "Completion order".) */
 	work += ursa_shm_serve(ctx->eng) + ursa_udp_poll(engine);
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
 		work += ursa_req_process(qp, now, deadline);
