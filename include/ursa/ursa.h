@@ -66,6 +66,10 @@ struct ursa_qp_stats {
 	 * copy straight into or out of the target's MR, without the target's
 	 * engine (the direct path) */
 	uint64_t direct_bytes;
+	/* of those, bytes moved by plain loads and stores, in the target's
+	 * MR pages mapped into this process (shared mapping, no system
+	 * call); and atomics carried out the same way */
+	uint64_t map_bytes, map_atomics;
 };
 
 int ursa_qp_stats(struct ibv_qp *qp, struct ursa_qp_stats *st);

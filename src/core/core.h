@@ -31,6 +31,7 @@
 #include "mtt.h"
 #include "pin.h"
 #include "ring.h"
+#include "shmap.h"
 
 /* Device limits (documented in docs/design.md; advertised by query_device). */
 #define URSA_MAX_SGE 32
@@ -123,6 +124,8 @@ struct ursa_mr {
 	struct ursa_mtt mtt;
 	uintptr_t pin_start, pin_end;	/* page-aligned pinned range, or 0 */
 	bool odp;
+	uintptr_t pg_start, pg_end;	/* page-aligned range of the buffer */
+	struct ursa_shmap_ref shm; /* the memfd its pages moved into (shmap.h) */
 	uint32_t pub_idx;	   /* 1 + entry in the published table (pub.h) */
 	void *pub_mem;		   /* the table it is in */
 };
@@ -222,6 +225,7 @@ struct ursa_qp_counters {
 	/* requester bytes by path: same process, shared-memory slots,
 	 * cross-memory attach (one copy between the MRs) */
 	atomic_uint_fast64_t loop_bytes, ring_bytes, cma_bytes, direct_bytes;
+	atomic_uint_fast64_t map_bytes, map_atomics;
 	/* RoCEv2 (transport/udp.c) */
 	atomic_uint_fast64_t pkts_tx, pkts_rx, naks_seq, naks_inv, naks_access,
 		naks_op, rnr_rcvd, drops;

@@ -18,6 +18,7 @@
  */
 #include "core.h"
 #include "pub.h"
+#include "shmap.h"
 #include "../transport/shm.h"
 
 #include <errno.h>
@@ -63,7 +64,8 @@ static void unpublish(struct ursa_mr *mr)
 		ursa_shm_quiesce(to_uctx(mr->pd->ibv.context));
 }
 
-static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
+static int mr_map(struct ursa_mr *mr, void *addr, size_t length,
+		  unsigned int access)
 {
 	struct ursa_device *dev = ursa_device_get();
 	uintptr_t a = (uintptr_t)addr;
@@ -72,6 +74,14 @@ static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
 	uint64_t newly = 0;
 	int ret;
 
+	/* Before pinning: moving pages drops their mlock. Only MRs other
+	 * processes may reach move (and not ODP ones, which pin nothing). */
+	ursa_shmap_reg(a, length, ps, pe, !mr->odp && ursa_shmap_enabled() &&
+		       (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				  IBV_ACCESS_REMOTE_ATOMIC)),
+		       &dev->pins, &mr->shm);
+	mr->pg_start = ps;
+	mr->pg_end = pe;
 	if (!mr->odp) {
 		ret = ursa_pin(&dev->pins, ps, pe, &newly);
 		if (ret == -EDQUOT) {
@@ -79,10 +89,13 @@ static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
 				 (unsigned long long)newly,
 				 (unsigned long long)dev->pins.limit,
 				 (unsigned long long)ursa_pinned_bytes(&dev->pins));
-			return -ENOMEM;
+			ret = -ENOMEM;
+			goto err;
 		}
-		if (ret)
-			return ret == -EAGAIN ? -ENOMEM : ret;
+		if (ret) {
+			ret = ret == -EAGAIN ? -ENOMEM : ret;
+			goto err;
+		}
 		mr->pin_start = ps;
 		mr->pin_end = pe;
 	}
@@ -91,6 +104,12 @@ static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
 		ursa_unpin(&dev->pins, ps, pe);
 		mr->pin_start = mr->pin_end = 0;
 	}
+	if (!ret)
+		return 0;
+err:
+	ursa_shmap_unreg(ps, pe);
+	mr->pg_start = mr->pg_end = 0;
+	mr->shm.fd = -1;
 	return ret;
 }
 
@@ -101,6 +120,10 @@ static void mr_unmap(struct ursa_mr *mr)
 	if (mr->pin_end)
 		ursa_unpin(&dev->pins, mr->pin_start, mr->pin_end);
 	mr->pin_start = mr->pin_end = 0;
+	if (mr->pg_end)
+		ursa_shmap_unreg(mr->pg_start, mr->pg_end);
+	mr->pg_start = mr->pg_end = 0;
+	mr->shm.fd = -1;
 	ursa_mtt_free(&mr->mtt);
 }
 
@@ -139,7 +162,7 @@ int ursa_mr_reg(struct ursa_pd *pd, void *addr, size_t length, uint64_t iova,
 	mr->length = length;
 	mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
 	mr->odp = access & IBV_ACCESS_ON_DEMAND;
-	ret = mr_map(mr, addr, length);
+	ret = mr_map(mr, addr, length, mr->access);
 	if (ret)
 		goto err_free;
 	ret = ursa_keytab_add(&dev->keys, &mr->lk, URSA_KEY_MR_LKEY,
@@ -222,7 +245,8 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
 		memset(&tmp, 0, sizeof(tmp));
 		tmp.odp = mr->odp;
-		ret = mr_map(&tmp, addr, length);
+		ret = mr_map(&tmp, addr, length,
+			     flags & IBV_REREG_MR_CHANGE_ACCESS ? access : mr->access);
 		if (ret) {
 			atomic_store(&mr->state, URSA_MR_VALID);
 			ursa_pub_mr_add(mr);
@@ -232,6 +256,9 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 		mr->mtt = tmp.mtt;
 		mr->pin_start = tmp.pin_start;
 		mr->pin_end = tmp.pin_end;
+		mr->pg_start = tmp.pg_start;
+		mr->pg_end = tmp.pg_end;
+		mr->shm = tmp.shm;
 		mr->addr = (uintptr_t)addr;
 		mr->iova = (uintptr_t)addr;
 		mr->length = length;

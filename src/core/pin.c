@@ -196,3 +196,15 @@ uint64_t ursa_pinned_bytes(struct ursa_pinmap *pm)
 	pthread_mutex_unlock(&pm->mu);
 	return v;
 }
+
+bool ursa_pinned_any(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end)
+{
+	bool any = false;
+
+	pthread_mutex_lock(&pm->mu);
+	for (size_t i = 0; i < pm->nsegs && !any; i++)
+		any = pm->segs[i].count && pm->segs[i].start < end &&
+		      pm->segs[i].end > start;
+	pthread_mutex_unlock(&pm->mu);
+	return any;
+}

@@ -17,6 +17,7 @@
 #define URSA_PIN_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,5 +49,7 @@ int ursa_pin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end,
 	     uint64_t *newly);
 void ursa_unpin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);
 uint64_t ursa_pinned_bytes(struct ursa_pinmap *pm);
+/* Does any MR pin a page of [start, end)? */
+bool ursa_pinned_any(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);
 
 #endif

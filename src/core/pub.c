@@ -26,8 +26,9 @@ static bool pub_failed;
 
 static bool pub_enabled(void)
 {
-	return ursa_env_long("URSA_CMA", 1, 0, 1) &&
-	       ursa_env_long("URSA_DIRECT", 1, 0, 1);
+	/* Requesters that may not use cross-memory attach can still use
+	 * the MRs whose pages they can map. */
+	return ursa_env_long("URSA_DIRECT", 1, 0, 1);
 }
 
 /* Called with pub_lock held. */
@@ -95,6 +96,10 @@ static void ent_write(struct ursa_pub_mr *e, const struct ursa_pub_mr *v)
 	__atomic_store_n(&e->iova, v->iova, __ATOMIC_RELAXED);
 	__atomic_store_n(&e->length, v->length, __ATOMIC_RELAXED);
 	__atomic_store_n(&e->addr, v->addr, __ATOMIC_RELAXED);
+	__atomic_store_n(&e->map_fd, v->map_fd, __ATOMIC_RELAXED);
+	__atomic_store_n(&e->map_ino, v->map_ino, __ATOMIC_RELAXED);
+	__atomic_store_n(&e->map_start, v->map_start, __ATOMIC_RELAXED);
+	__atomic_store_n(&e->map_len, v->map_len, __ATOMIC_RELAXED);
 	/* seq_cst: the even seq (and, on removal, rkey 0) is ordered before
 	 * the owner's later loads of the requesters' busy flags (the Dekker
 	 * pair with direct_xfer in shm.c). */
@@ -106,7 +111,8 @@ void ursa_pub_mr_add(struct ursa_mr *mr)
 	struct ursa_pub_mr v = { 0 };
 	struct ursa_pubmem *m;
 
-	if (!(mr->access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)))
+	if (!(mr->access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			    IBV_ACCESS_REMOTE_ATOMIC)))
 		return;
 	pthread_mutex_lock(&pub_lock);
 	m = pub_get();
@@ -124,6 +130,12 @@ void ursa_pub_mr_add(struct ursa_mr *mr)
 			v.iova = mr->iova;
 			v.length = mr->length;
 			v.addr = mr->addr;
+			if (mr->shm.fd >= 0) {
+				v.map_fd = mr->shm.fd;
+				v.map_ino = mr->shm.ino;
+				v.map_start = mr->shm.start;
+				v.map_len = mr->shm.len;
+			}
 			ent_write(&m->mr[k], &v);
 			mr->pub_idx = k + 1;
 			mr->pub_mem = m;
@@ -166,6 +178,8 @@ static uint64_t qp_word(struct ursa_qp *qp)
 	/* IBTA 9.7.5.1.1: READs need responder resources too */
 	if ((acc & IBV_ACCESS_REMOTE_READ) && qp->attr.max_dest_rd_atomic)
 		f |= URSA_PUBQ_READ;
+	if ((acc & IBV_ACCESS_REMOTE_ATOMIC) && qp->attr.max_dest_rd_atomic)
+		f |= URSA_PUBQ_ATOMIC;
 	return (qp->ex.qp_base.qp_num & 0xffffffu) | (uint64_t)f << 24 |
 	       (uint64_t)qp->pd->ibv.handle << 32;
 }
@@ -283,6 +297,10 @@ bool ursa_pub_find(const struct ursa_pubmem *m, uint32_t rkey,
 		out->iova = __atomic_load_n(&e->iova, __ATOMIC_RELAXED);
 		out->length = __atomic_load_n(&e->length, __ATOMIC_RELAXED);
 		out->addr = __atomic_load_n(&e->addr, __ATOMIC_RELAXED);
+		out->map_fd = __atomic_load_n(&e->map_fd, __ATOMIC_RELAXED);
+		out->map_ino = __atomic_load_n(&e->map_ino, __ATOMIC_RELAXED);
+		out->map_start = __atomic_load_n(&e->map_start, __ATOMIC_RELAXED);
+		out->map_len = __atomic_load_n(&e->map_len, __ATOMIC_RELAXED);
 		/* Orders the field loads before the second seq load. */
 		atomic_thread_fence(memory_order_acquire);
 		s2 = atomic_load_explicit((atomic_uint *)&e->seq,

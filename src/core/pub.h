@@ -10,8 +10,10 @@
  *  - one entry per MR: rkey, PD handle, access flags, iova, length and the
  *    process address of the iova, under a per-entry sequence lock.
  * A requester that finds the rkey, a matching PD, the rights and the bounds
- * in here copies straight into (or out of) the target process with
- * process_vm_writev/readv, without waking the target. Anything it cannot
+ * in here copies straight into (or out of) the target process, without
+ * waking the target: by memcpy (and atomics by locked instructions) when the
+ * MR's pages are in a memfd it can map (shmap.h), by process_vm_writev/readv
+ * otherwise. Anything it cannot
  * prove from the table goes the ordinary way (the target's engine and its
  * responder), which makes the table an optimisation that can only say "yes"
  * to what the responder would also allow, never a second set of rules.
@@ -43,6 +45,7 @@
 #define URSA_PUBQ_ACCEPT (1u << 0)	/* RTR, RTS, SQD or SQE */
 #define URSA_PUBQ_WRITE (1u << 1)	/* qp_access_flags remote write */
 #define URSA_PUBQ_READ (1u << 2)	/* remote read, and max_dest_rd_atomic > 0 */
+#define URSA_PUBQ_ATOMIC (1u << 3)	/* remote atomic, and max_dest_rd_atomic > 0 */
 
 struct ursa_pub_mr {
 	atomic_uint seq;	/* odd while the owner rewrites the entry */
@@ -50,7 +53,11 @@ struct ursa_pub_mr {
 	uint32_t pd;
 	uint32_t access;
 	uint64_t iova, length, addr;
-	uint64_t pad[3];
+	/* The memfd that holds the MR's whole pages (shmap.h), mapped at
+	 * map_start for map_len bytes; map_len 0: none. */
+	int32_t map_fd;
+	uint32_t pad;
+	uint64_t map_ino, map_start, map_len;
 };
 
 struct ursa_pubmem {

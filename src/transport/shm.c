@@ -200,6 +200,9 @@ static void chan_release(struct ursa_chan *c)
 	if (c->peer_efd >= 0)
 		close(c->peer_efd);
 	ursa_pub_unmap(c->dpub);
+	for (uint32_t i = 0; i < URSA_DMAPS; i++)
+		if (c->dmap[i].base)
+			munmap(c->dmap[i].base, c->dmap[i].len);
 	ursa_rstate_drop(&c->rs);
 	free(c->last_resp);
 	free(c);
@@ -412,7 +415,8 @@ fail:
 
 /*
  * Direct path: may this requester place data in the target itself? It needs
- * the target's table (pub.h), the target QP's word in it, and permission to
+ * the target's table (pub.h) and the target QP's word in it; then either MR
+ * pages it can map (shmap.h, opened per MR on first use) or permission to
  * use cross-memory attach on the target, which it probes on a word whose
  * value the target told it.
  */
@@ -423,11 +427,13 @@ static void direct_setup(struct ursa_chan *c, int fd, const struct welcome *wl)
 		     rv = { (void *)(uintptr_t)wl->probe_addr, 8 };
 
 	if (wl->qp_slot < 0 || (uint32_t)wl->qp_slot >= URSA_PUB_QPS ||
-	    !ursa_env_long("URSA_CMA", 1, 0, 1) ||
 	    !ursa_env_long("URSA_DIRECT", 1, 0, 1))
 		return;
-	if (process_vm_readv(c->peer_pid, &l, 1, &rv, 1, 0) != 8 ||
-	    v != wl->probe_val)
+	c->dcma = ursa_env_long("URSA_CMA", 1, 0, 1) &&
+		  process_vm_readv(c->peer_pid, &l, 1, &rv, 1, 0) == 8 &&
+		  v == wl->probe_val;
+	c->dnomap = !ursa_env_long("URSA_MAP", 1, 0, 1);
+	if (!c->dcma && c->dnomap)
 		return;
 	c->dpub = ursa_pub_map(fd);
 	c->dslot = (uint32_t)wl->qp_slot;
@@ -469,7 +475,8 @@ static void chan_welcome(struct ursa_engine *e, struct ursa_chan *c)
 	ursa_dbg("qp %u -> qp %u (pid %d): channel ready, %s%s",
 		 c->qp->ex.qp_base.qp_num, c->peer_qpn, (int)c->peer_pid,
 		 c->cma ? "cross-memory attach" : "copies through shared memory",
-		 c->dpub ? ", direct WRITE/READ" : "");
+		 !c->dpub ? "" : c->dcma ? ", direct WRITE/READ" :
+		 ", direct WRITE/READ in mapped MRs only");
 }
 
 static struct ursa_chan *chan_for(struct ursa_qp *qp, uint32_t dqpn)
@@ -619,30 +626,174 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 }
 
 /*
- * Direct path (pub.h): an RDMA WRITE or READ whose target QP and MR the
- * target's table vouches for is carried out here, by the requester, in one
- * process_vm_writev/readv straight between the two MRs; the target process
- * is not woken and its engine does nothing. Returns false when the table
- * cannot prove the access allowed or the copy did not complete: the WQE
- * then goes the ordinary way, where the target's responder checks it again
- * and names the check that refuses.
+ * The target's memfd holding an MR's pages (shmap.h), mapped here: found by
+ * inode among those this channel mapped before, else opened through /proc
+ * (which needs the right to read the target's descriptors, not ptrace
+ * attach) and checked: the inode the table names, sealed against shrinking,
+ * at least as long as the table says. NULL when it cannot be had.
+ */
+static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
+{
+	struct ursa_dmap *d;
+	char path[64];
+	struct stat st;
+	void *p;
+	int fd;
+
+	for (uint32_t i = 0; i < URSA_DMAPS; i++)
+		if (c->dmap[i].base && c->dmap[i].ino == e->map_ino &&
+		    c->dmap[i].len == e->map_len)
+			return c->dmap[i].base;
+	if (c->dnomap || e->map_fd < 0 || e->map_len > URSA_MAX_MR_SIZE)
+		return NULL;
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)c->peer_pid,
+		 (int)e->map_fd);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno == EACCES || errno == EPERM) {
+			ursa_dbg("qp %u -> qp %u: cannot map the target's MRs: %s",
+				 c->qp->ex.qp_base.qp_num, c->peer_qpn,
+				 strerror(errno));
+			c->dnomap = true;
+		}
+		return NULL;
+	}
+	p = MAP_FAILED;
+	if (!fstat(fd, &st) && (uint64_t)st.st_ino == e->map_ino &&
+	    (uint64_t)st.st_size >= e->map_len &&
+	    (fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK))
+		p = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE, MAP_SHARED,
+			 fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return NULL;
+	/* A full cache drops the oldest mapping: only this channel's
+	 * requester uses it, under the engine lock, so nothing else holds a
+	 * pointer into it. */
+	d = &c->dmap[c->dmap_next++ % URSA_DMAPS];
+	if (d->base)
+		munmap(d->base, d->len);
+	d->ino = e->map_ino;
+	d->len = e->map_len;
+	d->base = p;
+	return p;
+}
+
+/* A WRITE, READ or atomic on the target's pages mapped at t. */
+static void map_xfer(const struct ursa_req *r, uint8_t *t, uint64_t len,
+		     struct ursa_resp *resp)
+{
+	struct ursa_sg part[URSA_MAX_SGE], s = { (uintptr_t)t, len };
+	uint32_t nl;
+
+	switch (r->opcode) {
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		/* The same locked instructions as the target's responder
+		 * (resp.c) on the same physical memory: atomic against it
+		 * and against every other requester. */
+		resp->atomic_orig = __atomic_fetch_add((uint64_t *)t,
+						       r->compare_add,
+						       __ATOMIC_SEQ_CST);
+		return;
+	case IBV_WR_ATOMIC_CMP_AND_SWP: {
+		uint64_t expect = r->compare_add;
+
+		__atomic_compare_exchange_n((uint64_t *)t, &expect, r->swap,
+					    false, __ATOMIC_SEQ_CST,
+					    __ATOMIC_SEQ_CST);
+		resp->atomic_orig = expect;
+		return;
+	}
+	case IBV_WR_RDMA_READ:
+		nl = ursa_sg_slice(r->dst, r->ndst, 0, len, part);
+		ursa_sg_copy(part, nl, &s, 1, len);
+		return;
+	default:
+		/* The last byte last, with release order (ursa_sg_copy): a
+		 * target spinning on it sees the whole message. */
+		nl = ursa_sg_slice(r->src, r->nsrc, 0, len, part);
+		ursa_sg_copy(&s, 1, part, nl, len);
+		return;
+	}
+}
+
+/* The copy by cross-memory attach: one process_vm_writev/readv between
+ * the two MRs. Returns the bytes moved or -1 (errno set). */
+static ssize_t cma_xfer(struct ursa_chan *c, const struct ursa_req *r,
+			uint64_t ta, uint64_t len)
+{
+	bool rd = r->opcode == IBV_WR_RDMA_READ;
+	struct ursa_sg part[URSA_MAX_SGE];
+	struct iovec l[URSA_MAX_SGE], rv[2];
+	uint32_t nl;
+	ssize_t n;
+
+	nl = ursa_sg_slice(rd ? r->dst : r->src, rd ? r->ndst : r->nsrc, 0,
+			   len, part);
+	for (uint32_t i = 0; i < nl; i++) {
+		l[i].iov_base = (void *)(uintptr_t)part[i].va;
+		l[i].iov_len = part[i].len;
+	}
+	if (rd) {
+		rv[0].iov_base = (void *)(uintptr_t)ta;
+		rv[0].iov_len = len;
+		return process_vm_readv(c->peer_pid, l, nl, rv, 1, 0);
+	}
+	/* The last byte last, for a reader spinning on it: the kernel
+	 * copies the remote vectors in order, and x86 keeps stores in order
+	 * (elsewhere, two calls). */
+	rv[0].iov_base = (void *)(uintptr_t)ta;
+	rv[0].iov_len = len - 1;
+	rv[1].iov_base = (void *)(uintptr_t)(ta + len - 1);
+	rv[1].iov_len = 1;
+#if defined(__x86_64__) || defined(__i386__)
+	n = process_vm_writev(c->peer_pid, l, nl, rv + (len == 1),
+			      len == 1 ? 1 : 2, 0);
+#else
+	n = len == 1 ? 0 : process_vm_writev(c->peer_pid, l, nl, rv, 1, 0);
+	if (n == (ssize_t)(len - 1)) {
+		struct ursa_sg lb;
+		struct iovec tl;
+
+		ursa_sg_slice(part, nl, len - 1, 1, &lb);
+		tl.iov_base = (void *)(uintptr_t)lb.va;
+		tl.iov_len = 1;
+		n = process_vm_writev(c->peer_pid, &tl, 1, rv + 1, 1, 0) == 1 ?
+			(ssize_t)len : -1;
+	}
+#endif
+	return n;
+}
+
+/*
+ * Direct path (pub.h): an RDMA WRITE, READ or atomic whose target QP and
+ * MR the target's table vouches for is carried out here, by the requester,
+ * straight between the two MRs: by memcpy (or a locked instruction) when
+ * the target's pages are mapped here (shmap.h), else by one
+ * process_vm_writev/readv (not for atomics, which a system call cannot make
+ * atomic). The target process is not woken and its engine does nothing.
+ * Returns false when the table cannot prove the access allowed or the copy
+ * did not complete: the WQE then goes the ordinary way, where the target's
+ * responder checks it again and names the check that refuses.
  */
 static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
-			const struct ursa_req *r)
+			const struct ursa_req *r, struct ursa_resp *resp)
 {
 	const struct ursa_pubmem *m = c->dpub;
 	bool rd = r->opcode == IBV_WR_RDMA_READ;
-	uint32_t need = rd ? URSA_PUBQ_READ : URSA_PUBQ_WRITE;
-	unsigned int acc = rd ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
-	uint64_t len = r->msg_len, qw, ta;
-	struct ursa_sg part[URSA_MAX_SGE];
-	struct iovec l[URSA_MAX_SGE], rv[2];
+	bool at = r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+		  r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+	uint32_t need = at ? URSA_PUBQ_ATOMIC : rd ? URSA_PUBQ_READ : URSA_PUBQ_WRITE;
+	unsigned int acc = at ? IBV_ACCESS_REMOTE_ATOMIC :
+			   rd ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+	uint64_t len = at ? 8 : r->msg_len, qw, ta;
 	struct ursa_pub_mr e;
-	uint32_t nl;
+	uint8_t *base = NULL;
 	ssize_t n = -1;
 
 	if (!m || c->dslot >= URSA_PUB_QPS || !len ||
-	    (!rd && r->opcode != IBV_WR_RDMA_WRITE))
+	    (!rd && !at && r->opcode != IBV_WR_RDMA_WRITE) ||
+	    (at && (r->remote_addr & 7)))
 		return false;
 	qw = atomic_load_explicit(&m->qp[c->dslot], memory_order_acquire);
 	if ((qw & 0xffffff) != c->peer_qpn ||
@@ -660,55 +811,37 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	    !ursa_in_bounds(e.iova, e.length, r->remote_addr, len))
 		goto out;
 	ta = e.addr + (r->remote_addr - e.iova);
-	nl = ursa_sg_slice(rd ? r->dst : r->src, rd ? r->ndst : r->nsrc, 0,
-			   len, part);
-	for (uint32_t i = 0; i < nl; i++) {
-		l[i].iov_base = (void *)(uintptr_t)part[i].va;
-		l[i].iov_len = part[i].len;
-	}
-	if (rd) {
-		rv[0].iov_base = (void *)(uintptr_t)ta;
-		rv[0].iov_len = len;
-		n = process_vm_readv(c->peer_pid, l, nl, rv, 1, 0);
-	} else {
-		/* The last byte last, for a reader spinning on it: the
-		 * kernel copies the remote vectors in order, and x86 keeps
-		 * stores in order (elsewhere, two calls). */
-		rv[0].iov_base = (void *)(uintptr_t)ta;
-		rv[0].iov_len = len - 1;
-		rv[1].iov_base = (void *)(uintptr_t)(ta + len - 1);
-		rv[1].iov_len = 1;
-#if defined(__x86_64__) || defined(__i386__)
-		n = process_vm_writev(c->peer_pid, l, nl, rv + (len == 1),
-				      len == 1 ? 1 : 2, 0);
-#else
-		n = len == 1 ? 0 : process_vm_writev(c->peer_pid, l, nl, rv, 1, 0);
-		if (n == (ssize_t)(len - 1)) {
-			struct ursa_sg lb;
-			struct iovec tl;
-
-			ursa_sg_slice(part, nl, len - 1, 1, &lb);
-			tl.iov_base = (void *)(uintptr_t)lb.va;
-			tl.iov_len = 1;
-			n = process_vm_writev(c->peer_pid, &tl, 1, rv + 1, 1, 0) == 1 ?
-				(ssize_t)len : -1;
+	if (at && (ta & 7))
+		goto out;
+	if (e.map_len && ursa_in_bounds(e.map_start, e.map_len, ta, len))
+		base = chan_dmap(c, &e);
+	if (base) {
+		map_xfer(r, base + (ta - e.map_start), len, resp);
+		n = (ssize_t)len;
+	} else if (!at && c->dcma) {
+		n = cma_xfer(c, r, ta, len);
+		if (n < 0 && (errno == EPERM || errno == ENOSYS || errno == EACCES)) {
+			/* Refused (seccomp, a changed ptrace rule): not
+			 * again on this channel. */
+			ursa_dbg("qp %u -> qp %u: direct path refused: %s",
+				 qp->ex.qp_base.qp_num, c->peer_qpn,
+				 strerror(errno));
+			c->dcma = false;
 		}
-#endif
-	}
-	if (n < 0 && (errno == EPERM || errno == ENOSYS || errno == EACCES)) {
-		/* Refused (seccomp, a changed ptrace rule): not again on
-		 * this channel. */
-		ursa_dbg("qp %u -> qp %u: direct path refused: %s",
-			 qp->ex.qp_base.qp_num, c->peer_qpn, strerror(errno));
-		c->dslot = URSA_PUB_QPS;
 	}
 out:
 	/* Release: our copy is complete before the owner sees the flag
-	 * down (process_vm_* returned, so the kernel has stored it all). */
+	 * down (memcpy's stores, or process_vm_* returned). */
 	atomic_store_explicit(&c->mem->busy, 0, memory_order_release);
 	if (n != (ssize_t)len)
 		return false;
+	if (at) {
+		atomic_fetch_add(&qp->cnt.map_atomics, 1);
+		return true;
+	}
 	atomic_fetch_add(&qp->cnt.direct_bytes, len);
+	if (base)
+		atomic_fetch_add(&qp->cnt.map_bytes, len);
 	return true;
 }
 
@@ -813,7 +946,7 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		return 0;
 	}
 	if (!w->inflight) {
-		if (!w->xfer_off && direct_xfer(qp, c, r)) {
+		if (!w->xfer_off && direct_xfer(qp, c, r, resp)) {
 			resp->ack = URSA_ACK;
 			return 1;
 		}

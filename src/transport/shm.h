@@ -45,6 +45,8 @@ enum ursa_chan_role { URSA_CHAN_REQUESTER, URSA_CHAN_RESPONDER };
 struct ursa_chanmem;
 struct ursa_pubmem;
 
+#define URSA_DMAPS 16
+
 struct ursa_chan {
 	enum ursa_chan_role role;
 	enum ursa_chan_state state;
@@ -60,6 +62,14 @@ struct ursa_chan {
 	 * word in it */
 	const struct ursa_pubmem *dpub;
 	uint32_t dslot;
+	bool dcma;		/* and may use process_vm_* on the target */
+	bool dnomap;		/* the target's memfds cannot be opened */
+	/* the target's MR memfds mapped here (shmap.h), by inode */
+	struct ursa_dmap {
+		uint64_t ino, len;
+		uint8_t *base;
+	} dmap[URSA_DMAPS];
+	uint32_t dmap_next;
 	struct ursa_qp *qp;	/* our QP: requester or target */
 	uint32_t peer_qpn;
 	uint32_t seq;		/* requester: seq of the current request;

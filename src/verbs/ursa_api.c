@@ -97,6 +97,8 @@ EXPORT int ursa_qp_stats(struct ibv_qp *ibqp, struct ursa_qp_stats *st)
 	st->ring_bytes = atomic_load(&qp->cnt.ring_bytes);
 	st->cma_bytes = atomic_load(&qp->cnt.cma_bytes);
 	st->direct_bytes = atomic_load(&qp->cnt.direct_bytes);
+	st->map_bytes = atomic_load(&qp->cnt.map_bytes);
+	st->map_atomics = atomic_load(&qp->cnt.map_atomics);
 	st->pkts_tx = atomic_load(&qp->cnt.pkts_tx);
 	st->pkts_rx = atomic_load(&qp->cnt.pkts_rx);
 	st->naks_seq = atomic_load(&qp->cnt.naks_seq);
@@ -173,13 +175,13 @@ void ursa_stats_qp(struct ursa_qp *qp)
 	fprintf(stderr, "ursa stats: qp 0x%06x: %" PRIu64 " sends %" PRIu64
 		" recvs %" PRIu64 " writes %" PRIu64 " reads %" PRIu64
 		" atomics in, %" PRIu64 " B out %" PRIu64 " B in; bytes by path: loop %"
-		PRIu64 " slots %" PRIu64 " cma %" PRIu64 " direct %" PRIu64 "; rnr naks %" PRIu64
+		PRIu64 " slots %" PRIu64 " cma %" PRIu64 " direct %" PRIu64 " (mapped %" PRIu64 ", %" PRIu64 " atomics); rnr naks %" PRIu64
 		", retries %" PRIu64 ", errors %" PRIu64 "; RoCEv2 packets tx %" PRIu64
 		" rx %" PRIu64 ", NAKs received: PSN %" PRIu64 " invalid %" PRIu64
 		" access %" PRIu64 " op %" PRIu64 " RNR %" PRIu64 ", dropped %" PRIu64 "\n",
 		qp->ex.qp_base.qp_num, st.sends, st.recvs, st.writes, st.reads,
 		st.atomics, st.tx_bytes, st.rx_bytes, st.loop_bytes,
-		st.ring_bytes, st.cma_bytes, st.direct_bytes, st.rnr_naks, st.retries, st.errors,
+		st.ring_bytes, st.cma_bytes, st.direct_bytes, st.map_bytes, st.map_atomics, st.rnr_naks, st.retries, st.errors,
 		st.pkts_tx, st.pkts_rx, st.naks_seq, st.naks_inv, st.naks_access,
 		st.naks_op, st.rnr_rcvd, st.drops);
 }

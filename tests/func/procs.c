@@ -300,13 +300,18 @@ static int one_op(struct end *e, enum ibv_wr_opcode op, size_t off,
 }
 
 /* Which path carries WRITE and READ: the requester itself (direct, the
- * default), the target's engine by cross-memory attach, or the slots. */
+ * default: by memcpy in the target's pages it maps, or by cross-memory
+ * attach), the target's engine by cross-memory attach, or the slots. The
+ * target's buffer is page aligned: all of it is mapped unless URSA_MAP=0. */
 enum xfer_mode {
-	M_DIRECT,		/* default */
+	M_DIRECT,		/* default: mapped */
+	M_NO_MAP,		/* URSA_MAP=0: direct by process_vm_* */
 	M_TARGET_SECCOMP,	/* the target may not use CMA: direct still works */
-	M_NO_CMA,		/* URSA_CMA=0: slots only */
+	M_NO_CMA,		/* URSA_CMA=0: mapped, SEND by slots */
+	M_NO_CMA_NO_MAP,	/* and URSA_MAP=0: slots only */
 	M_NO_DIRECT,		/* URSA_DIRECT=0: the target's engine copies */
 	M_REQ_SECCOMP,		/* the requester loses CMA after connecting */
+	M_REQ_SECCOMP_NO_MAP,	/* the same with URSA_MAP=0 */
 };
 
 static int run_write_read(enum xfer_mode mode)
@@ -318,10 +323,13 @@ static int run_write_read(enum xfer_mode mode)
 	int sock;
 	pid_t pid;
 	size_t big = 3 << 20;
-	uint64_t small = 100 + 64, sendsz = 1 << 20;
+	uint64_t small = 100 + 64, sendsz = 1 << 20, mine = 2 * big + small;
 
-	if (mode == M_NO_CMA)
+	if (mode == M_NO_CMA || mode == M_NO_CMA_NO_MAP)
 		setenv("URSA_CMA", "0", 1);
+	if (mode == M_NO_MAP || mode == M_NO_CMA_NO_MAP ||
+	    mode == M_REQ_SECCOMP_NO_MAP)
+		setenv("URSA_MAP", "0", 1);
 	if (mode == M_NO_DIRECT)
 		setenv("URSA_DIRECT", "0", 1);
 	REQUIRE(end_open(&me, IBV_QPT_RC, 8 << 20, false) == 0);
@@ -333,7 +341,7 @@ static int run_write_read(enum xfer_mode mode)
 	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 100, peer.addr, peer.rkey,
 			 IBV_WC_SUCCESS), 0);
 	EXPECT_EQ(cmd(sock, CMD_SUM, 0, 100, 0), sum(me.buf, 100));
-	if (mode == M_REQ_SECCOMP)
+	if (mode == M_REQ_SECCOMP || mode == M_REQ_SECCOMP_NO_MAP)
 		REQUIRE(deny_cma() == 0);
 	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, (uint32_t)big, peer.addr + 4096,
 			 peer.rkey, IBV_WC_SUCCESS), 0);
@@ -356,29 +364,41 @@ static int run_write_read(enum xfer_mode mode)
 	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
 	switch (mode) {
 	case M_DIRECT:
-		EXPECT_EQ(st.direct_bytes, 2 * big + small);
+	case M_REQ_SECCOMP:	/* mapped: no system call to refuse */
+		EXPECT_EQ(st.direct_bytes, mine);
+		EXPECT_EQ(st.map_bytes, mine);
+		EXPECT_EQ(st.cma_bytes, sendsz);
+		EXPECT_EQ(st.ring_bytes, 0);
+		break;
+	case M_NO_MAP:
+		EXPECT_EQ(st.direct_bytes, mine);
+		EXPECT_EQ(st.map_bytes, 0);
 		EXPECT_EQ(st.cma_bytes, sendsz);
 		EXPECT_EQ(st.ring_bytes, 0);
 		break;
 	case M_TARGET_SECCOMP:
-		EXPECT_EQ(st.direct_bytes, 2 * big + small);
+	case M_NO_CMA:
+		EXPECT_EQ(st.direct_bytes, mine);
+		EXPECT_EQ(st.map_bytes, mine);
 		EXPECT_EQ(st.cma_bytes, 0);
 		EXPECT_EQ(st.ring_bytes, sendsz);
 		break;
-	case M_NO_CMA:
+	case M_NO_CMA_NO_MAP:
 		EXPECT_EQ(st.direct_bytes, 0);
 		EXPECT_EQ(st.cma_bytes, 0);
-		EXPECT_EQ(st.ring_bytes, 2 * big + small + sendsz);
+		EXPECT_EQ(st.ring_bytes, mine + sendsz);
 		break;
 	case M_NO_DIRECT:
 		EXPECT_EQ(st.direct_bytes, 0);
+		EXPECT_EQ(st.map_bytes, 0);
 		EXPECT_EQ(st.cma_bytes, 2 * big + sendsz);
 		EXPECT_EQ(st.ring_bytes, small);
 		break;
-	case M_REQ_SECCOMP:
+	case M_REQ_SECCOMP_NO_MAP:
 		/* the first WRITE went direct; the refusal sent the rest
 		 * through the target's engine, which may still use CMA */
 		EXPECT_EQ(st.direct_bytes, 100);
+		EXPECT_EQ(st.map_bytes, 0);
 		EXPECT_EQ(st.cma_bytes, 2 * big + sendsz);
 		EXPECT_EQ(st.ring_bytes, 64);
 		break;
@@ -413,6 +433,123 @@ static int test_no_direct_env(void)
 static int test_requester_seccomp(void)
 {
 	return run_write_read(M_REQ_SECCOMP);
+}
+
+static int test_no_map_env(void)
+{
+	return run_write_read(M_NO_MAP);
+}
+
+static int test_no_cma_no_map(void)
+{
+	return run_write_read(M_NO_CMA_NO_MAP);
+}
+
+static int test_requester_seccomp_no_map(void)
+{
+	return run_write_read(M_REQ_SECCOMP_NO_MAP);
+}
+
+/* The /proc/self/maps line holding address a: its inode and whether the
+ * mapping is shared and named ursa-mr; 0 if found. */
+static int maps_at(uintptr_t a, unsigned long long *ino, bool *ursa_shared)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "r");
+	int ret = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long lo, hi, off, in;
+		char perms[8];
+
+		if (sscanf(line, "%llx-%llx %7s %llx %*s %llu", &lo, &hi, perms,
+			   &off, &in) != 5 || a < lo || a >= hi)
+			continue;
+		*ino = in;
+		*ursa_shared = perms[3] == 's' && strstr(line, "ursa-mr");
+		ret = 0;
+		break;
+	}
+	fclose(f);
+	return ret;
+}
+
+/*
+ * Registration for remote access moves the MR's whole pages into a memfd
+ * (shmap.h) without changing addresses or contents, shares the memfd with
+ * a second MR over the same pages, leaves partial pages and local-only MRs
+ * alone, and gives the pages back as private memory when the last MR goes
+ * (MADV_DONTNEED zeroes private anonymous memory, not shared memory).
+ */
+static int test_reg_moves_pages(void)
+{
+	size_t pg = 4096, len = 6 * pg;
+	unsigned long long ino1, ino2, ino;
+	bool sh;
+	struct fx f;
+	struct ibv_mr *mr1, *mr2, *loc;
+	char *b = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	REQUIRE(b != MAP_FAILED);
+	for (size_t i = 0; i < len; i++)
+		b[i] = (char)(i * 7 + 1);
+	REQUIRE(fx_open(&f, 16) == 0);
+	/* a local-only MR over the first page: not moved */
+	loc = ibv_reg_mr(f.pd, b, pg, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(loc);
+	EXPECT_EQ(maps_at((uintptr_t)b, &ino, &sh), 0);
+	EXPECT_TRUE(!sh);
+	/* [100, 5 pages + 100): pages 1-4 whole, 0 and 5 partial */
+	mr1 = ibv_reg_mr(f.pd, b + 100, 5 * pg, ALL_REMOTE);
+	REQUIRE(mr1);
+	EXPECT_EQ(maps_at((uintptr_t)b + pg, &ino1, &sh), 0);
+	EXPECT_TRUE(sh);
+	EXPECT_EQ(maps_at((uintptr_t)b + 4 * pg, &ino, &sh), 0);
+	EXPECT_TRUE(sh && ino == ino1);
+	EXPECT_EQ(maps_at((uintptr_t)b + 5 * pg, &ino, &sh), 0);
+	EXPECT_TRUE(!sh);
+	EXPECT_EQ(maps_at((uintptr_t)b, &ino, &sh), 0);
+	EXPECT_TRUE(!sh);
+	/* a second MR inside the region shares it */
+	mr2 = ibv_reg_mr(f.pd, b + 2 * pg, 2 * pg, ALL_REMOTE);
+	REQUIRE(mr2);
+	EXPECT_EQ(maps_at((uintptr_t)b + 2 * pg, &ino2, &sh), 0);
+	EXPECT_TRUE(sh && ino2 == ino1);
+	for (size_t i = 0; i < len; i++)
+		if (b[i] != (char)(i * 7 + 1)) {
+			EXPECT_TRUE(!"contents changed by registration");
+			break;
+		}
+	/* still shared while mr2 lives */
+	EXPECT_EQ(ibv_dereg_mr(mr1), 0);
+	EXPECT_EQ(maps_at((uintptr_t)b + 2 * pg, &ino, &sh), 0);
+	EXPECT_TRUE(sh);
+	EXPECT_EQ(ibv_dereg_mr(mr2), 0);
+	EXPECT_EQ(maps_at((uintptr_t)b + 2 * pg, &ino, &sh), 0);
+	EXPECT_TRUE(!sh && ino == 0);
+	for (size_t i = 0; i < len; i++)
+		if (b[i] != (char)(i * 7 + 1)) {
+			EXPECT_TRUE(!"contents changed by deregistration");
+			break;
+		}
+	/* private again: discarded pages read as zeroes */
+	EXPECT_EQ(madvise(b + pg, pg, MADV_DONTNEED), 0);
+	EXPECT_EQ(b[pg + 5], 0);
+	EXPECT_EQ(ibv_dereg_mr(loc), 0);
+	/* URSA_MAP=0: nothing moves */
+	setenv("URSA_MAP", "0", 1);
+	mr1 = ibv_reg_mr(f.pd, b, len, ALL_REMOTE);
+	REQUIRE(mr1);
+	EXPECT_EQ(maps_at((uintptr_t)b + pg, &ino, &sh), 0);
+	EXPECT_TRUE(!sh);
+	EXPECT_EQ(ibv_dereg_mr(mr1), 0);
+	unsetenv("URSA_MAP");
+	fx_close(&f);
+	munmap(b, len);
+	return TEST_RESULT();
 }
 
 struct writer {
@@ -528,6 +665,7 @@ static int test_target_checks(void)
 struct adder_arg {
 	struct xinfo target;
 	int iters;
+	int mapped;	/* -1: any path; else whether every atomic is mapped */
 };
 
 static int adder_main(int sock, void *varg)
@@ -564,29 +702,56 @@ static int adder_main(int sock, void *varg)
 			return 25;
 		}
 	}
+	if (a->mapped >= 0) {
+		struct ursa_qp_stats st;
+
+		if (ursa_qp_stats(e.qp, &st) ||
+		    st.map_atomics != (a->mapped ? (uint64_t)a->iters : 0)) {
+			fprintf(stderr, "    adder %d: %llu atomics mapped\n",
+				(int)getpid(), (unsigned long long)st.map_atomics);
+			return 26;
+		}
+	}
 	end_close(&e);
 	return 0;
 }
 
-static int test_atomics_three_processes(void)
+/*
+ * Two adders, 1000 fetch-and-adds each, on one counter of this process,
+ * which only sleeps. A counter inside a page of its own is mapped by the
+ * adders (shmap.h): the first adder is told not to map (URSA_MAP=0) and
+ * goes through this process's engine, the second adds in the mapping
+ * itself; the sum is exact only if both paths are atomic against each
+ * other. A counter in a 64-byte allocation has no whole page: both adders
+ * go through the engine.
+ */
+static int run_atomics(bool own_page)
 {
 	struct fx f;
 	struct ibv_mr *mr;
-	uint64_t *counter = aligned_alloc(64, 64);
+	uint64_t *counter = own_page ?
+		mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : aligned_alloc(64, 64);
 	struct ibv_qp *tq[2];
 	pid_t pids[2];
 	int socks[2];
 
+	REQUIRE(counter != MAP_FAILED && counter);
 	*counter = 0;
 	REQUIRE(fx_open(&f, 16) == 0);
-	mr = ibv_reg_mr(f.pd, counter, 64, ALL_REMOTE);
+	mr = ibv_reg_mr(f.pd, counter, own_page ? 4096 : 64, ALL_REMOTE);
 	REQUIRE(mr);
 	for (int i = 0; i < 2; i++) {
 		struct xinfo peer, mine;
 
 		tq[i] = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
 		REQUIRE(tq[i]);
-		pids[i] = spawn_role("adder", "1000", NULL, NULL, &socks[i]);
+		if (own_page && i == 0)
+			setenv("URSA_MAP", "0", 1);
+		pids[i] = spawn_role("adder", "1000",
+				     own_page && i == 1 ? "1" : "0", NULL,
+				     &socks[i]);
+		unsetenv("URSA_MAP");
 		REQUIRE(pids[i] > 0);
 		REQUIRE(xrecv(socks[i], &peer) == 0);
 		REQUIRE(to_rts(tq[i], peer.qpn, ALL_REMOTE) == 0);
@@ -595,7 +760,8 @@ static int test_atomics_three_processes(void)
 		mine.rkey = mr->rkey;
 		REQUIRE(xsend(socks[i], &mine) == 0);
 	}
-	/* This process only sleeps: its engine serves both adders. */
+	/* This process only sleeps: its engine serves the adders that do
+	 * not map the counter. */
 	for (int i = 0; i < 2; i++)
 		EXPECT_EQ(reap(pids[i]), 0);
 	EXPECT_EQ(*counter, 2000);
@@ -603,8 +769,21 @@ static int test_atomics_three_processes(void)
 	ibv_destroy_qp(tq[1]);
 	ibv_dereg_mr(mr);
 	fx_close(&f);
-	free(counter);
+	if (own_page)
+		munmap(counter, 4096);
+	else
+		free(counter);
 	return TEST_RESULT();
+}
+
+static int test_atomics_three_processes(void)
+{
+	return run_atomics(false);
+}
+
+static int test_atomics_mapped_and_engine(void)
+{
+	return run_atomics(true);
 }
 
 /* The target spins on the last byte of its buffer, as perftest's latency
@@ -974,7 +1153,11 @@ static const struct test tests[] = {
 	TEST_ENTRY(no_cma_seccomp_fallback, "seccomp denies CMA: shared-memory fallback"),
 	TEST_ENTRY(no_cma_env_fallback, "URSA_CMA=0: shared-memory path"),
 	TEST_ENTRY(no_direct_env, "URSA_DIRECT=0: the target's engine copies"),
-	TEST_ENTRY(requester_seccomp, "CMA refused to the requester mid-way: it falls back"),
+	TEST_ENTRY(requester_seccomp, "CMA refused to the requester mid-way: mapped MRs need none"),
+	TEST_ENTRY(no_map_env, "URSA_MAP=0: direct by cross-memory attach"),
+	TEST_ENTRY(no_cma_no_map, "URSA_CMA=0 URSA_MAP=0: shared-memory slots"),
+	TEST_ENTRY(requester_seccomp_no_map, "URSA_MAP=0, CMA refused mid-way: it falls back"),
+	TEST_ENTRY(reg_moves_pages, "registration moves whole pages into a memfd and back"),
 	TEST_ENTRY(dereg_during_writes, "no direct WRITE lands after ibv_dereg_mr returns"),
 	TEST_ENTRY(target_checks, "the target's checks hold for other processes"),
 	TEST_ENTRY(atomics_three_processes, "two processes add to a third's counter"),
@@ -983,6 +1166,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(peer_death, "SIGKILLed peer: RETRY_EXC_ERR, others unaffected"),
 	TEST_ENTRY(ud_uc_across_processes, "UD and UC between processes"),
 	TEST_ENTRY(qpn_unique_across_processes, "QPNs unique on the host"),
+	TEST_ENTRY(atomics_mapped_and_engine, "atomics in a mapped MR and through the target's engine, one counter"),
 	TEST_ENTRY(fork, "fork: child opens anew, parent keeps working"),
 };
 
@@ -999,7 +1183,8 @@ static int child_main(int argc, char **argv)
 		return target_main(sock, &a);
 	}
 	if (!strcmp(argv[2], "adder") && argc >= 5) {
-		struct adder_arg a = { .iters = atoi(argv[4]) };
+		struct adder_arg a = { .iters = atoi(argv[4]),
+				       .mapped = argc >= 6 ? atoi(argv[5]) : -1 };
 
 		return adder_main(sock, &a);
 	}

@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shmap.h - registered memory that other processes of the host can map.
+ *
+ * Private anonymous memory (what malloc and mmap hand an application) cannot
+ * be mapped by another process: a same-host requester could only reach it
+ * through a system call per transfer (process_vm_writev), about 1.7 us even
+ * for 8 bytes. So when an MR allows remote access, registration moves the
+ * whole pages inside it into a memfd, without changing their addresses or
+ * contents: the pages are written into a new memfd, which is then mapped
+ * shared over the same range (one mmap with MAP_FIXED replaces the old
+ * pages). The owner publishes the memfd's descriptor number and inode with
+ * the MR (pub.h); a requester opens /proc/<pid>/fd/<n>, checks the inode,
+ * maps it, and from then on a WRITE is a memcpy, a READ a memcpy back, an
+ * atomic a locked instruction on the same physical memory as the target's.
+ * That is the memory mapping of a real NIC (it reaches application memory
+ * without the CPU of the target), done by the requester's CPU.
+ *
+ * Rules that keep this invisible to the application:
+ *  - only pages that lie wholly inside the MR move (the bytes of a partial
+ *    first or last page may belong to other objects; the direct path
+ *    reaches those by process_vm_writev as before);
+ *  - only private anonymous memory that is readable and writable, and
+ *    only when no other MR pins any of the pages (their data may be in
+ *    flight); anything else (files, hugetlbfs, the stack, shared memory)
+ *    stays as it is;
+ *  - a region is reference-counted by the MRs whose pages overlap it; when
+ *    the last one goes, the pages move back into private anonymous memory
+ *    (again without changing addresses or contents), so a freed buffer has
+ *    the ordinary semantics malloc expects (MADV_DONTNEED zeroes it);
+ *  - before reusing or restoring a region, /proc/self/maps must still show
+ *    the memfd at that place: an application that unmapped the buffer and
+ *    mapped something else there keeps its new memory.
+ * What the application can observe: while registered, the pages are a
+ * shared mapping, so a child forked meanwhile shares them with the parent
+ * instead of getting a copy; and a thread writing into the buffer while
+ * another registers it may lose that write (real NICs expect the buffer
+ * quiet during registration too). URSA_MAP=0 turns all of this off.
+ */
+#ifndef URSA_SHMAP_H
+#define URSA_SHMAP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct ursa_pinmap;
+
+/* The region an MR's pages were moved into (fd < 0: none). */
+struct ursa_shmap_ref {
+	int fd;			/* the owner's descriptor of the memfd */
+	uint64_t ino;		/* its inode, for the requester's check */
+	uint64_t start, len;	/* the owner's addresses it is mapped at */
+};
+
+/* An MR over the pages [ps, pe) (page aligned) of the buffer [a, a+len) is
+ * being registered: move its whole pages into a region when share is set
+ * and the rules allow, and take a reference on every region the pages
+ * overlap. Call before pinning. Never fails: *out says what was done. */
+void ursa_shmap_reg(uintptr_t a, uint64_t len, uintptr_t ps, uintptr_t pe,
+		    bool share, struct ursa_pinmap *pins,
+		    struct ursa_shmap_ref *out);
+/* The MR over [ps, pe) is gone: drop its references; a region nobody
+ * references goes back to private anonymous memory. */
+void ursa_shmap_unreg(uintptr_t ps, uintptr_t pe);
+bool ursa_shmap_enabled(void);
+
+#endif
