@@ -63,22 +63,29 @@ static void pct(double *v, int n, double *med, double *p99)
 
 static double memcpy_gbs(size_t sz)
 {
-	/* b not at a multiple of 4 KiB from a: small buffers malloc()ed back
-	 * to back would otherwise alias in the store buffer (4K aliasing)
-	 * and understate memcpy several times. */
-	char *a = malloc(sz), *bb = malloc(sz + 4096), *b = bb + 1088;
+	/* The same copies as the WRITE loop in bw(): alternately between
+	 * two pairs of buffers (up to half of BUFSZ), so that both touch the
+	 * same amount of memory; one pair reused would be cache resident up
+	 * to twice the size (16 MiB: two thirds of a 32 MiB L3). b is not at
+	 * a multiple of 4 KiB from a: small buffers malloc()ed back to back
+	 * would otherwise alias in the store buffer (4K aliasing). */
+	size_t halves = sz <= BUFSZ / 2 ? 2 : 1;
+	char *a = malloc(halves * sz), *bb = malloc(halves * sz + 4096);
+	char *b = bb + 1088;
 	double t0, t, bytes = 0;
 	int reps = (int)((quick ? 64u << 20 : 512u << 20) / sz) + 2;
 
-	memset(a, 1, sz);
-	memset(b, 2, sz);
+	memset(a, 1, halves * sz);
+	memset(b, 2, halves * sz);
 	memcpy(b, a, sz); /* warm */
 	t0 = now_us();
 	for (int i = 0; i < reps; i++) {
-		memcpy(b, a, sz);
+		size_t off = (size_t)(i % halves) * sz;
+
+		memcpy(b + off, a + off, sz);
 		/* keep the copy: the compiler may not drop it */
 		__asm__ __volatile__("" : : "r"(b) : "memory");
-		a[(size_t)i % sz] = (char)i;
+		a[off + (size_t)i % sz] = (char)i;
 		bytes += (double)sz;
 	}
 	t = now_us() - t0;
