@@ -138,6 +138,29 @@ deny:
  * that is a file or a hugetlb mapping ("/anon_hugepage"). /proc/self/maps,
  * which walks nothing, tells. Unsure (no maps): yes.
  */
+/* May memfds have pages larger than 4 KiB (shmem transparent huge pages
+ * that apply without madvise)? */
+static bool shmem_huge(void)
+{
+	static int huge = -1;
+	char buf[128] = "";
+	int fd;
+
+	if (huge < 0) {
+		fd = open("/sys/kernel/mm/transparent_hugepage/shmem_enabled",
+			  O_RDONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			if (read(fd, buf, sizeof(buf) - 1) < 0)
+				buf[0] = 0;
+			close(fd);
+		}
+		/* unreadable: assume they may */
+		huge = !buf[0] || strstr(buf, "[always]") ||
+		       strstr(buf, "[within_size]") || strstr(buf, "[force]");
+	}
+	return huge;
+}
+
 static bool need_smaps(uintptr_t start, uintptr_t end)
 {
 	uintptr_t a2 = (start + THP_SIZE - 1) & ~(THP_SIZE - 1);
@@ -157,7 +180,10 @@ static bool need_smaps(uintptr_t start, uintptr_t end)
 		if (sscanf(line, "%lx-%lx ", &a, &b) != 2 || b <= start || a >= end)
 			continue;
 		path = strchr(line, '/');
-		need = path != NULL;	/* file-backed or /anon_hugepage */
+		/* file-backed or /anon_hugepage; the memfds registration
+		 * moves pages into (shmap.h) only with shmem huge pages */
+		need = path != NULL &&
+		       (strncmp(path, "/memfd:ursa-mr ", 15) || shmem_huge());
 	}
 	fclose(f);
 	return need;
