@@ -128,6 +128,11 @@ static void print_table(struct ibv_mr *mr, unsigned max_rows)
 	       "      translation table: %u entries (%u huge), page size %" PRIu64 " KiB\n",
 	       in.pinned_bytes, in.on_demand ? " (on demand: nothing pinned)" : "",
 	       in.pages_4k, in.entries, in.huge_entries, in.page_size / 1024);
+	if (in.shared_bytes)
+		printf("      %" PRIu64 " bytes of whole pages moved into a memfd that requesters\n"
+		       "      on this host map (no system call per access)%s\n", in.shared_bytes,
+		       in.huge_entries ? "" : ";\n      a memfd has 4 KiB pages unless shmem "
+		       "huge pages are on\n      (ursa mr --thp: local-only memory keeps huge pages)");
 	for (uint32_t i = 0; i < in.entries && i < max_rows; i++) {
 		uint64_t va, ps;
 

@@ -33,6 +33,9 @@ struct ursa_mr_info {
 	uint64_t pages_4k;	/* 4 KiB pages the range spans */
 	uint64_t pinned_bytes;	/* bytes pinned for this MR (0 with ODP) */
 	int on_demand;		/* registered with IBV_ACCESS_ON_DEMAND */
+	/* bytes of whole pages moved into a memfd that requesters on this
+	 * host map (their WRITE, READ and atomics then need no system call) */
+	uint64_t shared_bytes;
 };
 
 /* Describe a memory region. */

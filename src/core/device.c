@@ -257,6 +257,7 @@ static void dev_atfork_child(void)
 	ursa_loop_atfork_child();
 	ursa_udp_atfork_child();
 	ursa_pub_atfork_child();
+	ursa_shmap_atfork_child();
 }
 
 static void dev_init(void)

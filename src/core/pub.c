@@ -251,13 +251,15 @@ const struct ursa_pubmem *ursa_pub_map(int fd)
 {
 	struct stat st;
 	struct ursa_pubmem *m;
+	int seals;
 
 	/* The peer chose the object: it must be at least as large as what we
 	 * read, or a short one would SIGBUS us. It is sealed against
 	 * shrinking by its owner (a peer that did not seal it can only hurt
 	 * itself: we read, never trust, its contents). */
-	if (fstat(fd, &st) || (size_t)st.st_size < sizeof(*m) ||
-	    !(fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK))
+	seals = fcntl(fd, F_GET_SEALS);
+	if (fstat(fd, &st) || (size_t)st.st_size < sizeof(*m) || seals < 0 ||
+	    !(seals & F_SEAL_SHRINK))
 		return NULL;
 	m = mmap(NULL, sizeof(*m), PROT_READ, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED)

@@ -232,3 +232,17 @@ void ursa_shmap_unreg(uintptr_t ps, uintptr_t pe)
 	}
 	pthread_mutex_unlock(&shmap_lock);
 }
+
+void ursa_shmap_atfork_child(void)
+{
+	/* The child has no MRs (dev_atfork_child) and, like after any
+	 * fork, a copy of the parent's memory of its own: shared pages
+	 * would let its writes reach the parent's buffers. */
+	pthread_mutex_init(&shmap_lock, NULL);
+	while (regions) {
+		struct region *r = regions;
+
+		regions = r->next;
+		region_restore(r);
+	}
+}

@@ -466,6 +466,7 @@ static void chan_welcome(struct ursa_engine *e, struct ursa_chan *c)
 		return;
 	}
 	c->peer_pid = cred.pid;
+	c->peer_uid = cred.uid;
 	c->cma = wl.cma_ok;
 	if (nfds == 3) {
 		direct_setup(c, fds[2], &wl);
@@ -638,7 +639,7 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 	char path[64];
 	struct stat st;
 	void *p;
-	int fd;
+	int fd, seals;
 
 	for (uint32_t i = 0; i < URSA_DMAPS; i++)
 		if (c->dmap[i].base && c->dmap[i].ino == e->map_ino &&
@@ -658,10 +659,15 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 		}
 		return NULL;
 	}
+	/* We opened it with our rights, which may exceed the target's: it
+	 * must be a memfd the target itself created and sealed (only
+	 * memfds take F_SEAL_SHRINK), never a file it merely holds open. */
 	p = MAP_FAILED;
-	if (!fstat(fd, &st) && (uint64_t)st.st_ino == e->map_ino &&
-	    (uint64_t)st.st_size >= e->map_len &&
-	    (fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK))
+	seals = fcntl(fd, F_GET_SEALS);
+	if (!fstat(fd, &st) && S_ISREG(st.st_mode) &&
+	    (uint64_t)st.st_ino == e->map_ino && st.st_uid == c->peer_uid &&
+	    (uint64_t)st.st_size >= e->map_len && seals >= 0 &&
+	    (seals & F_SEAL_SHRINK) && !(seals & F_SEAL_WRITE))
 		p = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE, MAP_SHARED,
 			 fd, 0);
 	close(fd);

@@ -56,6 +56,7 @@ struct ursa_chan {
 	struct ursa_ctl *peer_ctl;
 	int peer_efd;
 	pid_t peer_pid;
+	uid_t peer_uid;
 	bool cma;		/* the target may use cross-memory attach */
 	/* requester: the target's published table, when this side may
 	 * place WRITE and READ data itself (pub.h), and the target QP's

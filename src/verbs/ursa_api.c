@@ -47,6 +47,7 @@ EXPORT int ursa_mr_info(struct ibv_mr *ibmr, struct ursa_mr_info *info)
 	info->pages_4k = ((mr->addr + mr->length + 4095) / 4096) -
 			 (mr->addr / 4096);
 	info->pinned_bytes = mr->pin_end - mr->pin_start;
+	info->shared_bytes = mr->shm.fd >= 0 ? mr->shm.len : 0;
 	info->on_demand = mr->odp;
 	return 0;
 }

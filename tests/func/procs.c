@@ -511,6 +511,14 @@ static int test_reg_moves_pages(void)
 	EXPECT_TRUE(sh && ino == ino1);
 	EXPECT_EQ(maps_at((uintptr_t)b + 5 * pg, &ino, &sh), 0);
 	EXPECT_TRUE(!sh);
+	{
+		struct ursa_mr_info in;
+
+		EXPECT_EQ(ursa_mr_info(mr1, &in), 0);
+		EXPECT_EQ(in.shared_bytes, 4 * pg);
+		EXPECT_EQ(ursa_mr_info(loc, &in), 0);
+		EXPECT_EQ(in.shared_bytes, 0);
+	}
 	EXPECT_EQ(maps_at((uintptr_t)b, &ino, &sh), 0);
 	EXPECT_TRUE(!sh);
 	/* a second MR inside the region shares it */
@@ -1122,6 +1130,9 @@ static int test_fork(void)
 			   IBV_WC_SUCCESS))
 			_exit(52);
 		end_close(&c);
+		/* its copy of the parent's registered buffer is its own:
+		 * this must not show in the parent */
+		memset(me.buf + 65536, 'c', 4096);
 		_exit(0);
 	}
 	close(p[1]);
@@ -1131,6 +1142,7 @@ static int test_fork(void)
 	EXPECT_EQ(reap(pid), 0);
 	EXPECT_EQ(me.buf[0], 'k');
 	EXPECT_EQ(me.buf[4095], 'k');
+	EXPECT_EQ(me.buf[65536], 0);
 	/* the parent's own resources still work: loopback between its QPs */
 	{
 		struct ibv_qp_attr a = { .qp_state = IBV_QPS_RESET };

@@ -453,6 +453,22 @@ static int test_pub_map_refuses(void)
 	REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
 	EXPECT_TRUE(ursa_pub_map(fd) == NULL);	/* sealed, but no magic */
 	close(fd);
+	/* a well-formed table in an ordinary file, which cannot be sealed
+	 * (F_GET_SEALS fails: not "all seals set") */
+	{
+		struct ursa_pubmem h = { .magic = URSA_PUB_MAGIC,
+					 .nqp = URSA_PUB_QPS, .nmr = URSA_PUB_MRS };
+		char path[] = "/tmp/ursa-pub-XXXXXX";
+
+		fd = mkstemp(path);
+		REQUIRE(fd >= 0);
+		unlink(path);
+		REQUIRE(ftruncate(fd, sizeof(struct ursa_pubmem)) == 0);
+		REQUIRE(pwrite(fd, &h, offsetof(struct ursa_pubmem, qp), 0) ==
+			(ssize_t)offsetof(struct ursa_pubmem, qp));
+		EXPECT_TRUE(ursa_pub_map(fd) == NULL);
+		close(fd);
+	}
 	return TEST_RESULT();
 }
 
