@@ -74,7 +74,17 @@ static int end_open(struct end *e, enum ibv_qp_type t, size_t len, bool channel)
 	if (!e->f.pd || !e->f.cq || e->buf == MAP_FAILED)
 		return -1;
 	memset(e->buf, 0, len);
-	e->mr = ibv_reg_mr(e->f.pd, e->buf, len, ALL_REMOTE);
+	{
+		/* PROCS_MR_SKIP=n: the MR leaves n bytes out at each end, so
+		 * that its first and last pages are partial */
+		const char *sk = getenv("PROCS_MR_SKIP");
+		size_t skip = sk ? strtoul(sk, NULL, 0) : 0;
+
+		if (2 * skip >= len)
+			return -1;
+		e->mr = ibv_reg_mr(e->f.pd, e->buf + skip, len - 2 * skip,
+				   ALL_REMOTE);
+	}
 	e->qp = make_qp(&e->f, t, NULL, NULL, NULL);
 	return (e->mr && e->qp) ? 0 : -1;
 }
@@ -96,7 +106,7 @@ static void info_of(struct end *e, struct xinfo *x)
 	memset(x, 0, sizeof(*x));
 	x->qpn = e->qp->qp_num;
 	x->rkey = e->mr->rkey;
-	x->addr = (uintptr_t)e->buf;
+	x->addr = (uintptr_t)e->mr->addr;
 }
 
 static uint64_t sum(const char *p, size_t n)
@@ -448,6 +458,58 @@ static int test_no_cma_no_map(void)
 static int test_requester_seccomp_no_map(void)
 {
 	return run_write_read(M_REQ_SECCOMP_NO_MAP);
+}
+
+/*
+ * An MR with partial first and last pages (PROCS_MR_SKIP): its whole pages
+ * are mapped by the requester, the rest is reached by cross-memory attach;
+ * a WRITE that reaches into a partial page goes that way whole.
+ */
+static int test_partial_pages(void)
+{
+	struct target_arg ta = { IBV_QPT_RC, 1 << 20, 0 };
+	const size_t skip = 100;
+	struct end me;
+	struct xinfo peer;
+	struct ursa_qp_stats st;
+	int sock;
+	pid_t pid;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	setenv("PROCS_MR_SKIP", "100", 1);
+	pid = start_target(&ta, &me, &sock, &peer);
+	unsetenv("PROCS_MR_SKIP");
+	REQUIRE(pid > 0);
+	for (size_t i = 0; i < (64 << 10); i++)
+		me.buf[i] = (char)(i * 7 + 3);
+	/* MR offset 0, 50 B: the partial first page */
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 50, peer.addr, peer.rkey,
+			 IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, skip, 50, 0), sum(me.buf, 50));
+	/* MR offset 4000 (process page 1), 8 KiB: whole pages */
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 8192, peer.addr + 4000,
+			 peer.rkey, IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, skip + 4000, 8192, 0), sum(me.buf, 8192));
+	/* MR offset 3900, 200 B: across the edge of the first whole page */
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 16384, 200, peer.addr + 3900,
+			 peer.rkey, IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, skip + 3900, 200, 0), sum(me.buf + 16384, 200));
+	/* the last byte of the MR, in the partial last page */
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 1,
+			 peer.addr + (1 << 20) - 2 * skip - 1, peer.rkey,
+			 IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, (1 << 20) - skip - 1, 1, 0), sum(me.buf, 1));
+	/* one byte past it: refused by the target's responder */
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 2,
+			 peer.addr + (1 << 20) - 2 * skip - 1, peer.rkey,
+			 IBV_WC_REM_ACCESS_ERR), 0);
+	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
+	EXPECT_EQ(st.map_bytes, 8192);
+	EXPECT_EQ(st.direct_bytes, 8192 + 50 + 200 + 1);
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
 }
 
 /* The /proc/self/maps line holding address a: its inode and whether the
@@ -1169,6 +1231,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(no_map_env, "URSA_MAP=0: direct by cross-memory attach"),
 	TEST_ENTRY(no_cma_no_map, "URSA_CMA=0 URSA_MAP=0: shared-memory slots"),
 	TEST_ENTRY(requester_seccomp_no_map, "URSA_MAP=0, CMA refused mid-way: it falls back"),
+	TEST_ENTRY(partial_pages, "partial first and last pages: mapped inside, CMA at the edges"),
 	TEST_ENTRY(reg_moves_pages, "registration moves whole pages into a memfd and back"),
 	TEST_ENTRY(dereg_during_writes, "no direct WRITE lands after ibv_dereg_mr returns"),
 	TEST_ENTRY(target_checks, "the target's checks hold for other processes"),
