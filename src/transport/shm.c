@@ -651,7 +651,12 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 		 (int)e->map_fd);
 	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0) {
-		if (errno == EACCES || errno == EPERM) {
+		/* Refused (ptrace rules), or the pid is not the peer's here
+		 * (another PID namespace): not again on this channel, or
+		 * every WRITE would pay a failing open. Running out of
+		 * descriptors passes. */
+		if (errno != EMFILE && errno != ENFILE && errno != ENOMEM &&
+		    errno != EINTR) {
 			ursa_dbg("qp %u -> qp %u: cannot map the target's MRs: %s",
 				 c->qp->ex.qp_base.qp_num, c->peer_qpn,
 				 strerror(errno));
@@ -661,15 +666,18 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 	}
 	/* We opened it with our rights, which may exceed the target's: it
 	 * must be a memfd the target itself created and sealed (only
-	 * memfds take F_SEAL_SHRINK), never a file it merely holds open. */
-	p = MAP_FAILED;
+	 * memfds take F_SEAL_SHRINK), never a file it merely holds open.
+	 * Anything else is a broken peer: no mapping on this channel. */
 	seals = fcntl(fd, F_GET_SEALS);
-	if (!fstat(fd, &st) && S_ISREG(st.st_mode) &&
-	    (uint64_t)st.st_ino == e->map_ino && st.st_uid == c->peer_uid &&
-	    (uint64_t)st.st_size >= e->map_len && seals >= 0 &&
-	    (seals & F_SEAL_SHRINK) && !(seals & F_SEAL_WRITE))
-		p = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE, MAP_SHARED,
-			 fd, 0);
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode) ||
+	    (uint64_t)st.st_ino != e->map_ino || st.st_uid != c->peer_uid ||
+	    (uint64_t)st.st_size < e->map_len || seals < 0 ||
+	    !(seals & F_SEAL_SHRINK) || (seals & F_SEAL_WRITE)) {
+		close(fd);
+		c->dnomap = true;
+		return NULL;
+	}
+	p = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
 	if (p == MAP_FAILED)
 		return NULL;
