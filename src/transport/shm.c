@@ -677,7 +677,11 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 		c->dnomap = true;
 		return NULL;
 	}
-	p = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	/* Populated now, once per MR and channel: otherwise the first pass
+	 * of WRITEs over a large MR takes a page fault per 4 KiB (about 5 %
+	 * of a 16 MiB WRITE's time over a 64 MiB MR here). */
+	p = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE,
+		 MAP_SHARED | MAP_POPULATE, fd, 0);
 	close(fd);
 	if (p == MAP_FAILED)
 		return NULL;
