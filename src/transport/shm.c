@@ -678,8 +678,9 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 		return NULL;
 	}
 	/* Populated now, once per MR and channel: otherwise the first pass
-	 * of WRITEs over a large MR takes a page fault per 4 KiB (about 5 %
-	 * of a 16 MiB WRITE's time over a 64 MiB MR here). */
+	 * of WRITEs over a large MR takes a page fault per 4 KiB (16 MiB
+	 * WRITEs over a 64 MiB MR, bench/samehost: 0.74-0.83x memcpy
+	 * before, 0.84-0.88x after, in three runs each). */
 	p = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE,
 		 MAP_SHARED | MAP_POPULATE, fd, 0);
 	close(fd);
