@@ -462,7 +462,7 @@ void ursa_sq_publish(struct ursa_qp *qp, uint32_t n)
 	/* Start the work right here when the engine is not busy with
 	 * another pass (kernel bypass: no system call, no context switch);
 	 * wake the engine only if something is left that nobody started. */
-	if (ursa_engine_progress(qp->ctx) >= 0) {
+	if (ursa_engine_progress_qp(qp) >= 0) {
 		struct ursa_send_wqe *w;
 
 		if (!ursa_ring_ready(&qp->sq))

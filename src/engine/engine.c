@@ -103,6 +103,32 @@ int ursa_engine_progress(struct ursa_ctx *ctx)
 	return work;
 }
 
+int ursa_engine_progress_qp(struct ursa_qp *qp)
+{
+	struct ursa_ctx *ctx = qp->ctx;
+	struct ursa_engine *e = ctx->eng;
+	uint64_t deadline = UINT64_MAX, now;
+	int work;
+
+	if (!e || pthread_mutex_trylock(&ctx->qp_lock))
+		return -EBUSY;
+	now = ursa_now_ns();
+	ursa_pass_ctx = ctx;
+	work = ursa_req_process(qp, now, &deadline);
+	ursa_pass_ctx = NULL;
+	pthread_mutex_unlock(&ctx->qp_lock);
+	if (work > 0)
+		atomic_store_explicit(&e->active_ns, now, memory_order_relaxed);
+	/* as in ursa_engine_progress */
+	if (deadline < atomic_load(&e->sleep_until)) {
+		uint64_t one = 1;
+
+		if (write(e->efd, &one, sizeof(one)) < 0)
+			ursa_err("doorbell: %s", strerror(errno));
+	}
+	return work;
+}
+
 /* Wait up to timeout_ns (UINT64_MAX: no limit) and handle what came.
  * Returns whether anything but RoCEv2 readiness came (a doorbell, a
  * same-host channel). */

@@ -78,6 +78,8 @@ extern __thread struct ursa_ctx *ursa_pass_ctx;
  * themselves instead of waiting for a context switch. Returns the work
  * done, or -EBUSY. */
 int ursa_engine_progress(struct ursa_ctx *ctx);
+/* Only this QP's send queue (a post): no receiving, no serving. */
+int ursa_engine_progress_qp(struct ursa_qp *qp);
 
 /* A scatter/gather element already translated to process memory. */
 struct ursa_sg {
