@@ -107,17 +107,17 @@ int ursa_engine_progress_qp(struct ursa_qp *qp)
 {
 	struct ursa_ctx *ctx = qp->ctx;
 	struct ursa_engine *e = ctx->eng;
-	uint64_t deadline = UINT64_MAX, now;
+	uint64_t deadline = UINT64_MAX, now = 0;
 	int work;
 
 	if (!e || pthread_mutex_trylock(&ctx->qp_lock))
 		return -EBUSY;
-	now = ursa_now_ns();
 	ursa_pass_ctx = ctx;
-	work = ursa_req_process(qp, now, &deadline);
+	work = ursa_req_process_lazy(qp, &now, &deadline);
 	ursa_pass_ctx = NULL;
 	pthread_mutex_unlock(&ctx->qp_lock);
-	if (work > 0)
+	/* (no clock read: nothing that waits on a timer was started) */
+	if (work > 0 && now)
 		atomic_store_explicit(&e->active_ns, now, memory_order_relaxed);
 	/* as in ursa_engine_progress */
 	if (deadline < atomic_load(&e->sleep_until)) {

@@ -172,6 +172,8 @@ void ursa_rstate_drop(struct ursa_rstate *rs);
 /* req.c: run a QP's send queue; returns WQEs processed, lowers *deadline
  * to the earliest time a deferred WQE becomes due. */
 int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);
+/* The same with the clock read only if needed: *now is 0 until then. */
+int ursa_req_process_lazy(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline);
 /* Whether the QP has work the engine can do now; lowers *deadline to the
  * time its head WQE becomes due otherwise. */
 bool ursa_req_pending(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);

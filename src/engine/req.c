@@ -384,8 +384,18 @@ static void put_local(const struct ursa_send_wqe *w, struct ursa_mem_ref *refs)
 		ursa_mem_put(&refs[i]);
 }
 
+/* The clock, read once per pass and only when something needs it: a
+ * direct WRITE needs none, and clock_gettime costs 30 ns on this VM, an
+ * eighth of such a WRITE. */
+static uint64_t need_now(uint64_t *now)
+{
+	if (!*now)
+		*now = ursa_now_ns();
+	return *now;
+}
+
 static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
-		      uint64_t now, struct attempt *a)
+		      uint64_t *now, struct attempt *a)
 {
 	struct ursa_device *dev = ursa_device_get();
 	bool rc = qp->ex.qp_base.qp_type == IBV_QPT_RC;
@@ -473,7 +483,8 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		/* Another process on this host. */
 		uint64_t until = UINT64_MAX;
 
-		if (!ursa_shm_step(qp, w, &r, now, &resp, &until)) {
+		if (!ursa_shm_direct(qp, w, &r, &resp) &&
+		    !ursa_shm_step(qp, w, &r, need_now(now), &resp, &until)) {
 			put_local(w, refs);
 			a->done = 0;
 			a->retry_at = until;
@@ -484,7 +495,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		uint64_t until = UINT64_MAX;
 
 		w->via_udp = true;
-		if (!ursa_udp_step(qp, w, &r, now, &resp, &until)) {
+		if (!ursa_udp_step(qp, w, &r, need_now(now), &resp, &until)) {
 			put_local(w, refs);
 			a->done = 0;
 			a->retry_at = until;
@@ -526,7 +537,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			w->rnr_left--;
 		}
 		a->done = 0;
-		a->retry_at = now + ursa_rnr_timer_ns(resp.rnr_timer);
+		a->retry_at = need_now(now) + ursa_rnr_timer_ns(resp.rnr_timer);
 		return;
 	case URSA_NAK_INV_REQ:
 		a->st = IBV_WC_REM_INV_REQ_ERR;
@@ -556,7 +567,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		a->done = 0;
 		a->retry_at = ursa_ack_timeout_ns(qp->attr.timeout);
 		a->retry_at = a->retry_at == UINT64_MAX ? UINT64_MAX :
-							  now + a->retry_at;
+							  need_now(now) + a->retry_at;
 		return;
 	}
 	ursa_dbg("qp %u wr_id %llu: %s (%s)", qp->ex.qp_base.qp_num,
@@ -598,6 +609,11 @@ bool ursa_req_pending(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 
 int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 {
+	return ursa_req_process_lazy(qp, &now, deadline);
+}
+
+int ursa_req_process_lazy(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline)
+{
 	int done = 0;
 
 	while (done < BATCH && ursa_ring_ready(&qp->sq)) {
@@ -616,7 +632,7 @@ int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 			w->started = true;
 			w->rnr_left = qp->attr.rnr_retry;
 			w->retry_left = qp->attr.retry_cnt;
-		} else if (!wqe_due(qp, w, now)) {
+		} else if (!wqe_due(qp, w, need_now(now))) {
 			uint64_t d = w->inflight ? w->deadline_ns : w->not_before_ns;
 
 			if (d < *deadline)

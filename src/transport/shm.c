@@ -864,6 +864,28 @@ out:
 	return true;
 }
 
+bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		     const struct ursa_req *r, struct ursa_resp *resp)
+{
+	uint32_t dqpn = qp->attr.dest_qp_num & 0xffffff;
+
+	if (w->inflight || w->xfer_off || w->connecting ||
+	    qp->ex.qp_base.qp_type == IBV_QPT_UD)
+		return false;
+	for (struct ursa_chan *c = qp->chans; c; c = c->next) {
+		if (c->peer_qpn != dqpn)
+			continue;
+		if (c->state != URSA_CHAN_READY || !c->dpub)
+			return false;
+		memset(resp, 0, sizeof(*resp));
+		if (!direct_xfer(qp, c, r, resp))
+			return false;
+		resp->ack = URSA_ACK;
+		return true;
+	}
+	return false;
+}
+
 void ursa_shm_quiesce(struct ursa_ctx *ctx)
 {
 	struct ursa_engine *e = ctx->eng;
