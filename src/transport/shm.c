@@ -820,10 +820,12 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 		return false;
 	/* Raise the flag before reading the entry: the owner removes an
 	 * entry and then waits for raised flags (ursa_shm_quiesce), so either
-	 * it sees ours or we see the entry gone. seq_cst store, then the
-	 * entry's loads after a seq_cst fence: the other half of the pair is
-	 * in pub.c (ent_write, then the owner's loads of busy). */
-	atomic_store_explicit(&c->mem->busy, 1, memory_order_seq_cst);
+	 * it sees ours or we see the entry gone. The store, then the
+	 * entry's loads after a seq_cst fence (the fence alone orders our
+	 * store before our loads against the owner's seq_cst operations):
+	 * the other half of the pair is in pub.c (ent_write, then the
+	 * owner's loads of busy). */
+	atomic_store_explicit(&c->mem->busy, 1, memory_order_relaxed);
 	atomic_thread_fence(memory_order_seq_cst);
 	if (!ursa_pub_find(m, r->rkey, &e) || e.pd != (uint32_t)(qw >> 32) ||
 	    (e.access & acc) != acc ||
