@@ -143,6 +143,7 @@ fi
 say "RoCEv2 between two network namespaces"
 if [ -n "$QUICK" ]; then
 	echo "(not in the quick run)" >"$OUT/hosts.txt"
+	rm -f "$OUT/hosts.csv"	# an earlier full run's figures are not this run's
 elif [ "$(id -u)" = 0 ]; then
 	sh "$(dirname "$0")/hosts.sh" "$BUILD" "$OUT/hosts.csv" >"$OUT/hosts.txt" 2>&1 || note "hosts.sh failed"
 else
