@@ -74,8 +74,9 @@ static int mr_map(struct ursa_mr *mr, void *addr, size_t length,
 	uint64_t newly = 0;
 	int ret;
 
-	/* Before pinning: moving pages drops their mlock. Only MRs other
-	 * processes may reach move (and not ODP ones, which pin nothing). */
+	/* Before pinning: moving pages drops their mlock. Only the pages of
+	 * MRs that other processes may reach are moved (not ODP ones, which
+	 * pin nothing). */
 	ursa_shmap_reg(a, length, ps, pe, !mr->odp && ursa_shmap_enabled() &&
 		       (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 				  IBV_ACCESS_REMOTE_ATOMIC)),

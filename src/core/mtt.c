@@ -12,6 +12,7 @@
 #include "mtt.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -129,6 +130,30 @@ deny:
 	return -1;
 }
 
+/* May memfds have pages larger than 4 KiB (shmem transparent huge pages
+ * that apply without madvise)? */
+static bool shmem_huge(void)
+{
+	static _Atomic int huge = -1;	/* threads may race to set it: same value */
+	char buf[128] = "";
+	int fd;
+
+	if (atomic_load_explicit(&huge, memory_order_relaxed) < 0) {
+		fd = open("/sys/kernel/mm/transparent_hugepage/shmem_enabled",
+			  O_RDONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			if (read(fd, buf, sizeof(buf) - 1) < 0)
+				buf[0] = 0;
+			close(fd);
+		}
+		/* unreadable: assume they may */
+		atomic_store_explicit(&huge, !buf[0] || strstr(buf, "[always]") ||
+				      strstr(buf, "[within_size]") ||
+				      strstr(buf, "[force]"), memory_order_relaxed);
+	}
+	return atomic_load_explicit(&huge, memory_order_relaxed);
+}
+
 /*
  * Does [start, end) need /proc/self/smaps? Reading it walks the page tables
  * of every mapping of the process (it costs about 0.4 ms in a small
@@ -138,29 +163,6 @@ deny:
  * that is a file or a hugetlb mapping ("/anon_hugepage"). /proc/self/maps,
  * which walks nothing, tells. Unsure (no maps): yes.
  */
-/* May memfds have pages larger than 4 KiB (shmem transparent huge pages
- * that apply without madvise)? */
-static bool shmem_huge(void)
-{
-	static int huge = -1;
-	char buf[128] = "";
-	int fd;
-
-	if (huge < 0) {
-		fd = open("/sys/kernel/mm/transparent_hugepage/shmem_enabled",
-			  O_RDONLY | O_CLOEXEC);
-		if (fd >= 0) {
-			if (read(fd, buf, sizeof(buf) - 1) < 0)
-				buf[0] = 0;
-			close(fd);
-		}
-		/* unreadable: assume they may */
-		huge = !buf[0] || strstr(buf, "[always]") ||
-		       strstr(buf, "[within_size]") || strstr(buf, "[force]");
-	}
-	return huge;
-}
-
 static bool need_smaps(uintptr_t start, uintptr_t end)
 {
 	uintptr_t a2 = (start + THP_SIZE - 1) & ~(THP_SIZE - 1);
@@ -180,8 +182,9 @@ static bool need_smaps(uintptr_t start, uintptr_t end)
 		if (sscanf(line, "%lx-%lx ", &a, &b) != 2 || b <= start || a >= end)
 			continue;
 		path = strchr(line, '/');
-		/* file-backed or /anon_hugepage; the memfds registration
-		 * moves pages into (shmap.h) only with shmem huge pages */
+		/* file-backed or /anon_hugepage; a memfd that registration
+		 * moved pages into (shmap.h) has huge pages only when shmem
+		 * huge pages are on */
 		need = path != NULL &&
 		       (strncmp(path, "/memfd:ursa-mr ", 15) || shmem_huge());
 	}
