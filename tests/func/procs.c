@@ -172,14 +172,17 @@ struct target_arg {
 	int seccomp_no_cma;
 };
 
-static int deny_cma(void)
+static int deny_cma_open(bool open_too)
 {
 	/* Make process_vm_readv/writev fail with EPERM, as container
-	 * seccomp profiles do. */
+	 * seccomp profiles do; with open_too, opening files too (the
+	 * requester then cannot open the target's memfds). */
 	struct sock_filter f[] = {
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 2, 0),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 1, 0),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 3, 0),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 2, 0),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K,
+			 open_too ? SYS_openat : SYS_process_vm_writev, 1, 0),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
 	};
@@ -187,7 +190,14 @@ static int deny_cma(void)
 
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
 		return -1;
-	return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+	/* every thread: ursa's progress thread may carry out the WQE */
+	return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+			    SECCOMP_FILTER_FLAG_TSYNC, &prog);
+}
+
+static int deny_cma(void)
+{
+	return deny_cma_open(false);
 }
 
 static int target_main(int sock, void *varg)
@@ -322,6 +332,8 @@ enum xfer_mode {
 	M_NO_DIRECT,		/* URSA_DIRECT=0: the target's engine copies */
 	M_REQ_SECCOMP,		/* the requester loses CMA after connecting */
 	M_REQ_SECCOMP_NO_MAP,	/* the same with URSA_MAP=0 */
+	M_REQ_NO_OPEN,		/* before any WRITE, the requester loses CMA
+				 * and may not open files: no mapping */
 };
 
 static int run_write_read(enum xfer_mode mode)
@@ -347,6 +359,8 @@ static int run_write_read(enum xfer_mode mode)
 	REQUIRE(pid > 0);
 	for (size_t i = 0; i < big; i++)
 		me.buf[i] = (char)(i * 13 + 5);
+	if (mode == M_REQ_NO_OPEN)
+		REQUIRE(deny_cma_open(true) == 0);
 	/* small WRITE and big WRITE */
 	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 100, peer.addr, peer.rkey,
 			 IBV_WC_SUCCESS), 0);
@@ -399,6 +413,7 @@ static int run_write_read(enum xfer_mode mode)
 		EXPECT_EQ(st.ring_bytes, mine + sendsz);
 		break;
 	case M_NO_DIRECT:
+	case M_REQ_NO_OPEN:	/* the target's engine, which may use CMA */
 		EXPECT_EQ(st.direct_bytes, 0);
 		EXPECT_EQ(st.map_bytes, 0);
 		EXPECT_EQ(st.cma_bytes, 2 * big + sendsz);
@@ -458,6 +473,11 @@ static int test_no_cma_no_map(void)
 static int test_requester_seccomp_no_map(void)
 {
 	return run_write_read(M_REQ_SECCOMP_NO_MAP);
+}
+
+static int test_requester_no_open(void)
+{
+	return run_write_read(M_REQ_NO_OPEN);
 }
 
 /*
@@ -1231,6 +1251,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(no_map_env, "URSA_MAP=0: direct by cross-memory attach"),
 	TEST_ENTRY(no_cma_no_map, "URSA_CMA=0 URSA_MAP=0: shared-memory slots"),
 	TEST_ENTRY(requester_seccomp_no_map, "URSA_MAP=0, CMA refused mid-way: it falls back"),
+	TEST_ENTRY(requester_no_open, "the target's memfds cannot be opened, nor CMA used: the target's engine"),
 	TEST_ENTRY(partial_pages, "partial first and last pages: mapped inside, CMA at the edges"),
 	TEST_ENTRY(reg_moves_pages, "registration moves whole pages into a memfd and back"),
 	TEST_ENTRY(dereg_during_writes, "no direct WRITE lands after ibv_dereg_mr returns"),
