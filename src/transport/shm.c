@@ -89,7 +89,8 @@ struct welcome {
 	 * the target QP's word in it, and a word of the target for the
 	 * requester's own cross-memory attach probe. */
 	int32_t qp_slot;
-	uint32_t pad;
+	int32_t pub_fd;		/* the table's descriptor number in the target:
+				 * the requester's probe of /proc/<pid>/fd */
 	uint64_t probe_addr, probe_val;
 };
 
@@ -414,6 +415,31 @@ fail:
 }
 
 /*
+ * Can we open the target's descriptor n through /proc, and is it the file
+ * we hold as mine? That is how MR memfds are reached (chan_dmap), so this
+ * connect-time probe on the table's memfd tells whether mapping works
+ * here (ptrace rules, a seccomp filter on open, another PID namespace).
+ */
+static bool proc_fd_same(pid_t pid, int n, int mine)
+{
+	struct stat a, b;
+	char path[64];
+	bool same;
+	int fd;
+
+	if (n < 0)
+		return false;
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, n);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	same = !fstat(fd, &a) && !fstat(mine, &b) && a.st_ino == b.st_ino &&
+	       a.st_dev == b.st_dev;
+	close(fd);
+	return same;
+}
+
+/*
  * Direct path: may this requester place data in the target itself? It needs
  * the target's table (pub.h) and the target QP's word in it; then either MR
  * pages it can map (shmap.h, opened per MR on first use) or permission to
@@ -432,7 +458,8 @@ static void direct_setup(struct ursa_chan *c, int fd, const struct welcome *wl)
 	c->dcma = ursa_env_long("URSA_CMA", 1, 0, 1) &&
 		  process_vm_readv(c->peer_pid, &l, 1, &rv, 1, 0) == 8 &&
 		  v == wl->probe_val;
-	c->dnomap = !ursa_env_long("URSA_MAP", 1, 0, 1);
+	c->dnomap = !ursa_env_long("URSA_MAP", 1, 0, 1) ||
+		    !proc_fd_same(c->peer_pid, wl->pub_fd, fd);
 	if (!c->dcma && c->dnomap)
 		return;
 	c->dpub = ursa_pub_map(fd);
@@ -1108,7 +1135,7 @@ static void accept_chan(struct ursa_engine *e, struct ursa_qp *qp)
 static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 {
 	struct hello h;
-	struct welcome wl = { URSA_SHM_MAGIC, URSA_SHM_VERSION, 0, 0, -1, 0,
+	struct welcome wl = { URSA_SHM_MAGIC, URSA_SHM_VERSION, 0, 0, -1, -1,
 			      (uintptr_t)&probe_word, probe_value };
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
@@ -1158,6 +1185,7 @@ static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 
 		if (slot >= 0) {
 			wl.qp_slot = slot;
+			wl.pub_fd = fd;
 			out[nout++] = fd;
 		}
 	}

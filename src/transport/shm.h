@@ -35,7 +35,7 @@
 #include "../engine/engine.h"
 
 #define URSA_SHM_MAGIC 0x55525341u /* "URSA" */
-#define URSA_SHM_VERSION 2
+#define URSA_SHM_VERSION 3
 #define URSA_SHM_SLOTS 4
 #define URSA_SHM_INLINE 8192	/* payload bytes a slot carries */
 
