@@ -38,8 +38,10 @@
  * the pages (about 0.8 ms per MiB each way on the development VM, where
  * allocating pages is slow); and a thread writing into the buffer while
  * another registers or deregisters it may lose that write (real NICs expect
- * the buffer quiet during registration too). URSA_MAP=0 turns all of this
- * off.
+ * the buffer quiet during registration too); while registered,
+ * MADV_DONTNEED on the buffer no longer zeroes it (on a real NIC it
+ * detaches the pages from the NIC's, which breaks RDMA too). URSA_MAP=0
+ * turns all of this off.
  */
 #ifndef URSA_SHMAP_H
 #define URSA_SHMAP_H
