@@ -156,6 +156,7 @@ bool ursa_pub_mr_del(struct ursa_mr *mr)
 	/* After fork the child's MRs point into the parent's table. */
 	if (mr->pub_idx && mr->pub_mem == pub && pub) {
 		ent_write(&pub->mr[mr->pub_idx - 1], &v);
+		atomic_fetch_add_explicit(&pub->gen, 1, memory_order_release);
 		was = true;
 	}
 	mr->pub_idx = 0;

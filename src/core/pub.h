@@ -61,7 +61,9 @@ struct ursa_pub_mr {
 };
 
 struct ursa_pubmem {
-	uint32_t magic, nqp, nmr, pad;
+	uint32_t magic, nqp, nmr;
+	atomic_uint gen;	/* bumped at every MR removal: requesters then
+				 * drop the mappings nothing names any more */
 	_Atomic uint64_t qp[URSA_PUB_QPS];
 	struct ursa_pub_mr mr[URSA_PUB_MRS];
 };

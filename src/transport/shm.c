@@ -725,6 +725,36 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 	return p;
 }
 
+/*
+ * The target removed an MR since we last looked (its table's gen moved):
+ * unmap the memfds no entry names any more, or a long-lived channel would
+ * keep the pages of every MR the target ever freed. Entries are read
+ * without their sequence lock: a torn read can only keep a mapping a
+ * little longer or drop one that is mapped again on its next use.
+ */
+static void chan_dmap_prune(struct ursa_chan *c, const struct ursa_pubmem *m)
+{
+	uint32_t g = atomic_load_explicit((atomic_uint *)&m->gen,
+					  memory_order_acquire);
+
+	if (g == c->dgen)
+		return;
+	c->dgen = g;
+	for (uint32_t i = 0; i < URSA_DMAPS; i++) {
+		struct ursa_dmap *d = &c->dmap[i];
+		bool named = false;
+
+		for (uint32_t k = 0; d->base && !named && k < URSA_PUB_MRS; k++)
+			named = __atomic_load_n(&m->mr[k].map_ino, __ATOMIC_RELAXED) ==
+				d->ino &&
+				__atomic_load_n(&m->mr[k].rkey, __ATOMIC_RELAXED);
+		if (d->base && !named) {
+			munmap(d->base, d->len);
+			memset(d, 0, sizeof(*d));
+		}
+	}
+}
+
 /* A WRITE, READ or atomic on the target's pages mapped at t. */
 static void map_xfer(const struct ursa_req *r, uint8_t *t, uint64_t len,
 		     struct ursa_resp *resp)
@@ -861,8 +891,10 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	ta = e.addr + (r->remote_addr - e.iova);
 	if (at && (ta & 7))
 		goto out;
-	if (e.map_len && ursa_in_bounds(e.map_start, e.map_len, ta, len))
+	if (e.map_len && ursa_in_bounds(e.map_start, e.map_len, ta, len)) {
+		chan_dmap_prune(c, m);
 		base = chan_dmap(c, &e);
+	}
 	if (base) {
 		map_xfer(r, base + (ta - e.map_start), len, resp);
 		n = (ssize_t)len;

@@ -71,6 +71,7 @@ struct ursa_chan {
 		uint8_t *base;
 	} dmap[URSA_DMAPS];
 	uint32_t dmap_next;
+	uint32_t dgen;		/* the table's gen when the cache was checked */
 	struct ursa_qp *qp;	/* our QP: requester or target */
 	uint32_t peer_qpn;
 	uint32_t seq;		/* requester: seq of the current request;

@@ -164,7 +164,7 @@ static int reap(pid_t pid)
  * read() on the socket while the initiator works on its memory.
  */
 enum { CMD_SUM = 1, CMD_GET, CMD_QUIT, CMD_FILL, CMD_RECV, CMD_POLL,
-       CMD_DEREG };
+       CMD_DEREG, CMD_REG };
 
 struct target_arg {
 	enum ibv_qp_type type;
@@ -254,6 +254,19 @@ static int target_main(int sock, void *varg)
 			e.mr = NULL;
 			memset(e.buf + cmd.addr, (int)cmd.rkey, cmd.value);
 			break;
+		case CMD_REG: {
+			/* a new MR over [addr, addr + value) of the buffer
+			 * (after CMD_DEREG): its rkey and address */
+			struct ibv_mr *mr = ibv_reg_mr(e.f.pd, e.buf + cmd.addr,
+						       cmd.value, ALL_REMOTE);
+
+			if (!mr)
+				return 17;
+			e.mr = mr;
+			reply.rkey = mr->rkey;
+			reply.addr = (uintptr_t)mr->addr;
+			break;
+		}
 		case CMD_QUIT:
 			end_close(&e);
 			return 0;
@@ -526,6 +539,62 @@ static int test_partial_pages(void)
 	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
 	EXPECT_EQ(st.map_bytes, 8192);
 	EXPECT_EQ(st.direct_bytes, 8192 + 50 + 200 + 1);
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
+/* How many mappings of registration memfds (shmap.h) this process has. */
+static int ursa_mr_mappings(void)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "r");
+	int n = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, "/memfd:ursa-mr ") != NULL;
+	fclose(f);
+	return n;
+}
+
+/*
+ * A requester maps the target's MRs and keeps the mappings; when the
+ * target deregisters one, the requester drops its mapping at its next
+ * mapped access (the table's generation moved) instead of keeping the
+ * freed MR's pages alive for the life of the channel.
+ */
+static int test_dmap_pruned(void)
+{
+	struct target_arg ta = { IBV_QPT_RC, 8 << 20, 0 };
+	struct end me;
+	struct xinfo peer, c = { CMD_REG, 0, 4 << 20, 4 << 20 }, r;
+	struct ursa_qp_stats st;
+	int sock, base;
+	pid_t pid;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	base = ursa_mr_mappings();	/* our own MR's region */
+	memset(me.buf, 'a', 4096);
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 4096, peer.addr, peer.rkey,
+			 IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(ursa_mr_mappings(), base + 1);
+	/* the target deregisters it and registers the upper half anew */
+	EXPECT_EQ(cmd(sock, CMD_DEREG, 0, 0, 0), 0);
+	REQUIRE(xsend(sock, &c) == 0 && xrecv(sock, &r) == 0);
+	REQUIRE(r.addr == peer.addr + (4 << 20));
+	memset(me.buf, 'b', 4096);
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 4096, r.addr, r.rkey,
+			 IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, 4 << 20, 4096, 0), sum(me.buf, 4096));
+	/* the new region mapped, the old one gone */
+	EXPECT_EQ(ursa_mr_mappings(), base + 1);
+	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
+	EXPECT_EQ(st.map_bytes, 2 * 4096);
 	cmd(sock, CMD_QUIT, 0, 0, 0);
 	EXPECT_EQ(reap(pid), 0);
 	end_close(&me);
@@ -1252,6 +1321,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(no_cma_no_map, "URSA_CMA=0 URSA_MAP=0: shared-memory slots"),
 	TEST_ENTRY(requester_seccomp_no_map, "URSA_MAP=0, CMA refused mid-way: it falls back"),
 	TEST_ENTRY(requester_no_open, "the target's memfds cannot be opened, nor CMA used: the target's engine"),
+	TEST_ENTRY(dmap_pruned, "a requester drops its mapping of an MR the target deregistered"),
 	TEST_ENTRY(partial_pages, "partial first and last pages: mapped inside, CMA at the edges"),
 	TEST_ENTRY(reg_moves_pages, "registration moves whole pages into a memfd and back"),
 	TEST_ENTRY(dereg_during_writes, "no direct WRITE lands after ibv_dereg_mr returns"),
