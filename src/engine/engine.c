@@ -76,6 +76,18 @@ static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline,
 	return work;
 }
 
+/* A timer set on an application's thread that is earlier than the sleeping
+ * engine's wake-up time would be missed: wake it to re-arm. seq_cst pairs
+ * with the engine storing sleep_until before its last check. */
+static void rearm(struct ursa_engine *e, uint64_t deadline)
+{
+	uint64_t one = 1;
+
+	if (deadline < atomic_load(&e->sleep_until) &&
+	    write(e->efd, &one, sizeof(one)) < 0)
+		ursa_err("doorbell: %s", strerror(errno));
+}
+
 int ursa_engine_progress(struct ursa_ctx *ctx)
 {
 	struct ursa_engine *e = ctx->eng;
@@ -91,15 +103,7 @@ int ursa_engine_progress(struct ursa_ctx *ctx)
 	if (work > 0)
 		atomic_store_explicit(&e->active_ns, now, memory_order_relaxed);
 	atomic_fetch_add_explicit(&e->inline_passes, 1, memory_order_relaxed);
-	/* A timer set here that is earlier than the sleeping engine's
-	 * wake-up time would be missed: wake it to re-arm. seq_cst pairs
-	 * with the engine storing sleep_until before its last check. */
-	if (deadline < atomic_load(&e->sleep_until)) {
-		uint64_t one = 1;
-
-		if (write(e->efd, &one, sizeof(one)) < 0)
-			ursa_err("doorbell: %s", strerror(errno));
-	}
+	rearm(e, deadline);
 	return work;
 }
 
@@ -119,13 +123,7 @@ int ursa_engine_progress_qp(struct ursa_qp *qp)
 	/* (no clock read: nothing that waits on a timer was started) */
 	if (work > 0 && now)
 		atomic_store_explicit(&e->active_ns, now, memory_order_relaxed);
-	/* as in ursa_engine_progress */
-	if (deadline < atomic_load(&e->sleep_until)) {
-		uint64_t one = 1;
-
-		if (write(e->efd, &one, sizeof(one)) < 0)
-			ursa_err("doorbell: %s", strerror(errno));
-	}
+	rearm(e, deadline);
 	return work;
 }
 

@@ -420,17 +420,23 @@ fail:
  * connect-time probe on the table's memfd tells whether mapping works
  * here (ptrace rules, a seccomp filter on open, another PID namespace).
  */
+static int peer_fd_open(pid_t pid, int n, int flags)
+{
+	char path[64];
+
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, n);
+	return open(path, flags | O_CLOEXEC);
+}
+
 static bool proc_fd_same(pid_t pid, int n, int mine)
 {
 	struct stat a, b;
-	char path[64];
 	bool same;
 	int fd;
 
 	if (n < 0)
 		return false;
-	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, n);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	fd = peer_fd_open(pid, n, O_RDONLY);
 	if (fd < 0)
 		return false;
 	same = !fstat(fd, &a) && !fstat(mine, &b) && a.st_ino == b.st_ino &&
@@ -663,7 +669,6 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 {
 	struct ursa_dmap *d;
-	char path[64];
 	struct stat st;
 	void *p;
 	int fd, seals;
@@ -674,9 +679,7 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 			return c->dmap[i].base;
 	if (c->dnomap || e->map_fd < 0 || e->map_len > URSA_MAX_MR_SIZE)
 		return NULL;
-	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)c->peer_pid,
-		 (int)e->map_fd);
-	fd = open(path, O_RDWR | O_CLOEXEC);
+	fd = peer_fd_open(c->peer_pid, e->map_fd, O_RDWR);
 	if (fd < 0) {
 		/* Refused (ptrace rules), or the pid is not the peer's here
 		 * (another PID namespace): not again on this channel, or
@@ -930,8 +933,7 @@ bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
 {
 	uint32_t dqpn = qp->attr.dest_qp_num & 0xffffff;
 
-	if (w->inflight || w->xfer_off || w->connecting ||
-	    qp->ex.qp_base.qp_type == IBV_QPT_UD)
+	if (w->inflight || w->xfer_off || qp->ex.qp_base.qp_type == IBV_QPT_UD)
 		return false;
 	for (struct ursa_chan *c = qp->chans; c; c = c->next) {
 		if (c->peer_qpn != dqpn)
@@ -1048,10 +1050,7 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		return 0;
 	}
 	if (!w->inflight) {
-		if (!w->xfer_off && direct_xfer(qp, c, r, resp)) {
-			resp->ack = URSA_ACK;
-			return 1;
-		}
+		/* (the direct path was tried first: ursa_shm_direct) */
 		push_request(qp, c, w, r, now);
 		goto wait_nocheck;
 	}
