@@ -104,6 +104,9 @@ struct ursa_udp_stats {
 	 * runs received (UDP_GRO), packets whose ICRC matched with a
 	 * non-zero IPv4 ID (a segment k of a run that was cut apart) */
 	uint64_t tx_gso, rx_gro, rx_ipid;
+	/* delayed ACKs: held back, and of those sent alone when their
+	 * time was up (the others left with a packet of the QP) */
+	uint64_t acks_held, acks_alone;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

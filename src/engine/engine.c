@@ -51,7 +51,8 @@ static bool any_pending(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
 	p = ursa_shm_serve_pending(ctx->eng);
 	/* (a datagram waiting on the RoCEv2 socket wakes epoll_wait) */
 	for (struct ursa_qp *qp = ctx->qps; qp && !p; qp = qp->next)
-		p = ursa_req_pending(qp, now, deadline);
+		p = ursa_req_pending(qp, now, deadline) ||
+		    ursa_udp_acks(qp, now, deadline, true) > 0;
 	pthread_mutex_unlock(&ctx->qp_lock);
 	return p;
 }
@@ -71,7 +72,8 @@ static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline,
 	 * on_packet in udp.c; docs/design.md "Completion order".) */
 	work += ursa_shm_serve(ctx->eng) + ursa_udp_poll(engine);
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
-		work += ursa_req_process(qp, now, deadline);
+		work += ursa_req_process(qp, now, deadline) +
+			ursa_udp_acks(qp, now, deadline, engine);
 	ursa_pass_ctx = NULL;
 	return work;
 }

@@ -165,6 +165,14 @@ struct ursa_uqp {
 	uint32_t wrkey;
 	struct { uint32_t psn; uint64_t orig; bool valid; } ares[ARES];
 	unsigned ares_next;
+	/* Delayed ACK (ack_later): a positive ACK held back to leave just
+	 * before this QP's next packet to the peer, or at ack_due. */
+	bool ack_owed;		/* written under lock; read as a hint */
+	uint32_t ack_psn;
+	uint64_t ack_due;
+	addr_t ack_me, ack_peer;
+	unsigned ack_skip;	/* ACKs to send at once before holding again */
+	unsigned ack_backoff;	/* held ACKs in a row that went alone */
 };
 
 static uint64_t rnd(void)
@@ -1025,8 +1033,8 @@ static void delay_flush(uint64_t now, bool all)
 
 /* Send one transport packet (ib, len without ICRC room filled) from the
  * QP's socket; computes the ICRC; applies injected faults. */
-static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
-	       uint8_t *ib, size_t len, uint8_t ttl)
+static void tx_one(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
+		   uint8_t *ib, size_t len, uint8_t ttl)
 {
 	uint8_t ip[40], udp[8];
 	struct sockaddr_storage to;
@@ -1099,6 +1107,73 @@ static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 	}
 }
 
+static void ack_emit(struct ursa_uqp *u, bool along);
+
+/* A held ACK leaves now: the QP is going away or changing state, and the
+ * peer, whose request a real NIC would have acknowledged long ago, must
+ * not wait for it (ibv_rc_pingpong's client destroys its QP as soon as it
+ * has the last answer; the server's last SEND would end in retries). */
+static void ack_flush(struct ursa_uqp *u)
+{
+	pthread_mutex_lock(&u->lock);
+	if (u->ack_owed)
+		ack_emit(u, true);
+	pthread_mutex_unlock(&u->lock);
+	udp_flush();
+}
+
+void ursa_udp_ack_exit(struct ursa_qp *qp)
+{
+	struct ursa_uqp *u = qp->udp;
+
+	/* (at exit: never wait for a lock another thread may keep) */
+	if (!u || !__atomic_load_n(&u->ack_owed, __ATOMIC_RELAXED) ||
+	    pthread_mutex_trylock(&u->lock))
+		return;
+	if (u->ack_owed)
+		ack_emit(u, true);
+	pthread_mutex_unlock(&u->lock);
+	udp_flush();
+}
+
+/* A request that completes nothing at the peer: RDMA WRITE without
+ * immediate, READ request, atomic. */
+static bool completes_nothing(uint8_t opcode)
+{
+	switch (opcode) {
+	case ROCE_RC | OP_WRITE_FIRST: case ROCE_RC | OP_WRITE_MIDDLE:
+	case ROCE_RC | OP_WRITE_LAST: case ROCE_RC | OP_WRITE_ONLY:
+	case ROCE_RC | OP_READ_REQ: case ROCE_RC | OP_CMP_SWAP:
+	case ROCE_RC | OP_FETCH_ADD:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/*
+ * tx_one, with the QP's held-back ACK (ack_later) in the same batch. The
+ * ACK goes first, so that the peer completes its earlier request before
+ * it sees the one this packet carries (programs rely on that order: an
+ * answer's receive completion after the send completion it answers).
+ * Only a request that completes nothing at the peer goes first: the peer,
+ * which polls for that ACK, then finds our request already there when
+ * the ACK lets its poll return (perftest's WRITE latency test, which then
+ * spins on memory, otherwise leaves the request to its engine's wake-up).
+ * Called with u->lock held.
+ */
+static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
+	       uint8_t *ib, size_t len, uint8_t ttl)
+{
+	bool ack_after = u->ack_owed && completes_nothing(ib[0]);
+
+	if (u->ack_owed && !ack_after)
+		ack_emit(u, true);
+	tx_one(u, src, dst, ib, len, ttl);
+	if (ack_after && u->ack_owed)
+		ack_emit(u, true);
+}
+
 /* --- per-QP state ------------------------------------------------------------ */
 
 int ursa_uqp_init(struct ursa_qp *qp)
@@ -1152,6 +1227,7 @@ void ursa_uqp_fini(struct ursa_qp *qp)
 
 	if (!u)
 		return;
+	ack_flush(u);
 	ursa_rstate_drop(&u->rs);
 	rx_bury(u);
 	if (u->txfd >= 0)
@@ -1169,6 +1245,8 @@ void ursa_uqp_modified(struct ursa_qp *qp, int mask)
 
 	if (!u)
 		return;
+	if (mask & IBV_QP_STATE)
+		ack_flush(u);
 	pthread_mutex_lock(&u->lock);
 	if (mask & IBV_QP_RQ_PSN) {
 		u->epsn = qp->attr.rq_psn;
@@ -1232,6 +1310,96 @@ static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, const addr_t *to,
 		tx(u, from, to, buf, (size_t)n, qp->attr.ah_attr.grh.hop_limit);
 	if ((syn & AETH_TYPE_MASK) == AETH_NAK)
 		atomic_fetch_add(&ursa_udp_cnt.naks_sent, 1);
+}
+
+/*
+ * Delayed ACK. A responder that acknowledges at once pays a system call
+ * per message on its critical path, and the requester, woken by the lone
+ * ACK, returns to spinning on its memory (perftest's latency tests) so
+ * that the answer it then gets must wake its engine thread. Held back, the
+ * ACK leaves in the same sendmmsg as the QP's next packet to the peer,
+ * usually the application's answer, which the peer, still polling for the
+ * ACK, then takes in the same pass: in a ping-pong neither side's engine
+ * is needed. IBTA 9.7.5.1.1 allows coalescing: an ACK covers every PSN up
+ * to its own.
+ *
+ * An ACK waits at most URSA_ACK_DELAY_US (default 50 us, 0: never; far
+ * below the 1 ms floor of the peer's RTO). When one had to go alone, the
+ * next ones go at once, 1, 3, 7 ... 1023 of them: a peer that only sends
+ * (a bandwidth test) is not slowed. NAKs, READ responses and atomic
+ * ACKs are never held (they go after the held ACK, in PSN order).
+ */
+#define ACK_WAKE_SLACK_NS 1000000ull
+
+static uint64_t ack_delay_ns(void)
+{
+	static long us = -1;
+
+	if (us < 0)
+		us = ursa_env_long("URSA_ACK_DELAY_US", 50, 0, 500);
+	return (uint64_t)us * 1000;
+}
+
+static void ack_later(struct ursa_qp *qp, struct ursa_uqp *u,
+		      const addr_t *peer, const addr_t *me, uint32_t psn)
+{
+	if (!ack_delay_ns() || u->ack_skip) {
+		if (u->ack_skip)
+			u->ack_skip--;
+		send_ack(qp, u, peer, me, OP_ACK,
+			 AETH_ACK | AETH_CREDIT_INVALID, psn, 0);
+		return;
+	}
+	if (!u->ack_owed)
+		u->ack_due = ursa_now_ns() + ack_delay_ns();
+	u->ack_psn = psn;
+	u->ack_peer = *peer;
+	u->ack_me = *me;
+	__atomic_store_n(&u->ack_owed, true, __ATOMIC_RELAXED);
+	atomic_fetch_add(&ursa_udp_cnt.acks_held, 1);
+}
+
+/* Send the held ACK (u->lock held); along: with another packet. */
+static void ack_emit(struct ursa_uqp *u, bool along)
+{
+	__atomic_store_n(&u->ack_owed, false, __ATOMIC_RELAXED);
+	if (along) {
+		u->ack_backoff = 0;
+	} else {
+		if (u->ack_backoff < 10)
+			u->ack_backoff++;
+		u->ack_skip = (1u << u->ack_backoff) - 1;
+		atomic_fetch_add(&ursa_udp_cnt.acks_alone, 1);
+	}
+	send_ack(u->qp, u, &u->ack_peer, &u->ack_me, OP_ACK,
+		 AETH_ACK | AETH_CREDIT_INVALID, u->ack_psn, 0);
+}
+
+int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
+		  bool engine)
+{
+	struct ursa_uqp *u = qp->udp;
+	int sent = 0;
+
+	if (!u || !__atomic_load_n(&u->ack_owed, __ATOMIC_RELAXED))
+		return 0;
+	pthread_mutex_lock(&u->lock);
+	if (u->ack_owed && now >= u->ack_due) {
+		ack_emit(u, false);
+		sent = 1;
+	} else if (u->ack_owed) {
+		/* An application's pass rings the sleeping engine only if
+		 * it would sleep well past the due time: an engine that
+		 * naps while the application polls wakes soon anyway. */
+		uint64_t d = engine ? u->ack_due : u->ack_due + ACK_WAKE_SLACK_NS;
+
+		if (d < *deadline)
+			*deadline = d;
+	}
+	pthread_mutex_unlock(&u->lock);
+	if (sent)
+		udp_flush();
+	return sent;
 }
 
 static uint8_t nak_syndrome(enum ursa_ack a, uint8_t rnr)
@@ -1952,8 +2120,7 @@ answer:
 		if (f & P_LAST)
 			u->msn++;
 		if (p->ackreq)
-			send_ack(qp, u, peer, me, OP_ACK,
-				 AETH_ACK | AETH_CREDIT_INVALID, p->psn, 0);
+			ack_later(qp, u, peer, me, p->psn);
 	} else if (resp.ack != URSA_DROPPED) {
 		send_ack(qp, u, peer, me, OP_ACK,
 			 nak_syndrome(resp.ack, resp.rnr_timer), p->psn, 0);

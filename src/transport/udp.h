@@ -54,6 +54,12 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		  const struct ursa_req *r, uint64_t now,
 		  struct ursa_resp *resp, uint64_t *until);
 bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
+/* Send the QP's held-back ACK if it is due, else lower *deadline to when
+ * it is (engine: the engine's own pass). Returns packets sent. */
+int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
+		  bool engine);
+/* At process exit: send the QP's held-back ACK. */
+void ursa_udp_ack_exit(struct ursa_qp *qp);
 /* Release what an unfinished message holds (QP reset, flush). */
 void ursa_udp_abort(struct ursa_qp *qp);
 
@@ -74,6 +80,7 @@ struct ursa_udp_counters {
 	atomic_uint_fast64_t drop_fwd;	/* for another process, which was behind */
 	atomic_uint_fast64_t fault_delay;
 	atomic_uint_fast64_t tx_gso, rx_gro, rx_ipid;
+	atomic_uint_fast64_t acks_held, acks_alone;
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

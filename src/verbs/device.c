@@ -95,15 +95,35 @@ EXPORT int ibv_get_device_index(struct ibv_device *device)
 	return device == &ursa_device_get()->ibdev ? 0 : -1;
 }
 
-static void stats_at_exit(void)
+/* A program that exits without destroying its QPs must not leave a peer
+ * retrying for the ACK of its last message, which a real NIC would have
+ * sent long ago: held-back ACKs (transport/udp.c) leave at exit. */
+static void acks_at_exit(void)
 {
+	struct ursa_device *dev = ursa_device_get();
+
+	if (pthread_mutex_trylock(&dev->ctx_lock))
+		return;
+	for (struct ursa_ctx *c = dev->ctxs; c; c = c->next_ctx) {
+		if (pthread_mutex_trylock(&c->qp_lock))
+			continue;
+		for (struct ursa_qp *qp = c->qps; qp; qp = qp->next)
+			ursa_udp_ack_exit(qp);
+		pthread_mutex_unlock(&c->qp_lock);
+	}
+	pthread_mutex_unlock(&dev->ctx_lock);
+}
+
+static void exit_hooks(void)
+{
+	atexit(acks_at_exit);
 	if (getenv("URSA_STATS"))
 		atexit(ursa_stats_exit);
 }
 
 EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
-	static pthread_once_t stats_once = PTHREAD_ONCE_INIT;
+	static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 	struct ursa_device *dev = ursa_device_get();
 	struct ursa_ctx *ctx;
 	struct ibv_context *c;
@@ -111,7 +131,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 
 	if (!dev || device != &dev->ibdev)
 		return ret_null(-ENODEV);
-	pthread_once(&stats_once, stats_at_exit);
+	pthread_once(&exit_once, exit_hooks);
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return ret_null(-ENOMEM);
