@@ -17,6 +17,16 @@
  * --cut-check: after connecting, wait for the link to be cut (the script
  * removes the route), then post a WRITE and report the completion status
  * and how long it took (RETRY_EXC_ERR is expected).
+ *
+ * --acks: the delayed ACK (transport/udp.c ack_later):
+ * - PINGS one-way WRITEs, each awaited: the server, which never sends a
+ *   request, holds only a few ACKs (the backoff), not one per WRITE;
+ * - a SEND ping-pong of PINGS rounds: the client's ACKs of the server's
+ *   answers must mostly leave with its next SEND, few alone (the server's
+ *   backoff runs out meanwhile);
+ * - the server receives one more SEND and exits at once, without
+ *   destroying its QP: the client's SEND must still complete successfully
+ *   (the held ACK leaves at exit; without that, retries exhaust).
  */
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
@@ -33,6 +43,7 @@
 #include <ursa/ursa.h>
 
 #define CHUNK (1u << 20)
+#define PINGS 200
 
 struct info {
 	uint32_t qpn, rkey;
@@ -230,9 +241,41 @@ static int server(int port)
 	xio(c, &me, sizeof(me), 1);
 	ep_connect(&e, &peer, 14, 7);
 	xio(c, &cmd, sizeof(cmd), 1);	/* ready */
-	/* commands: 1 = checksum my buffer, 2 = receive N MiB by SEND */
+	/* commands: 1 = checksum my buffer, 2 = receive N MiB by SEND,
+	 * 3 = answer PINGS SENDs, 4 = report held ACKs, 5 = receive one
+	 * SEND and exit at once */
 	while (read(c, &cmd, sizeof(cmd)) == sizeof(cmd)) {
-		if (cmd == 1) {
+		if (cmd == 3 || cmd == 5) {
+			int n = cmd == 3 ? PINGS : 1;
+			struct ibv_sge s = { (uintptr_t)e.buf, 64, e.mr->lkey };
+			struct ibv_recv_wr w = { .sg_list = &s, .num_sge = 1 }, *b;
+
+			for (int i = 0; i < n; i++)
+				if (ibv_post_recv(e.qp, &w, &b))
+					die("post_recv");
+			sum = 0;
+			xio(c, &sum, sizeof(sum), 1); /* receives posted */
+			for (int i = 0; i < n; i++) {
+				struct ibv_wc wc = wait1(&e);
+
+				if (wc.status || wc.opcode != IBV_WC_RECV)
+					die("ping receive");
+				if (cmd == 5)
+					exit(0);	/* no ibv_destroy_qp */
+				post(&e, IBV_WR_SEND, 64, 64, 0, 0, (uint64_t)i);
+				if (wait1(&e).status)
+					die("ping answer");
+			}
+		} else if (cmd == 4) {
+			struct ursa_udp_stats st;
+			uint64_t r[2] = { 0, 0 };
+
+			if (!ursa_udp_stats(&st)) {
+				r[0] = st.acks_held;
+				r[1] = st.acks_alone;
+			}
+			xio(c, r, sizeof(r), 1);
+		} else if (cmd == 1) {
 			sum = fnv(e.buf, e.len, 1469598103934665603ull);
 			xio(c, &sum, sizeof(sum), 1);
 		} else if (cmd == 2) {
@@ -292,7 +335,68 @@ static void print_counters(void)
 		       st.forwarded, st.drop_fwd, st.tx_gso, st.rx_gro, st.rx_ipid);
 }
 
-static int client(const char *host, int port, size_t mib, int cut_check)
+/* The delayed ACK, three ways (see the top of the file). */
+static int acks_check(struct ep *e, int s, const struct info *peer)
+{
+	struct ursa_udp_stats st;
+	uint64_t cmd, r[2];
+	struct ibv_wc wc;
+	int bad = 0;
+
+	for (int i = 0; i < PINGS; i++) {
+		post(e, IBV_WR_RDMA_WRITE, 0, 4096, peer->addr, peer->rkey, 1);
+		if (wait1(e).status)
+			die("one-way WRITE");
+	}
+	cmd = 4;
+	xio(s, &cmd, sizeof(cmd), 1);
+	xio(s, r, sizeof(r), 0);
+	/* one ACK held alone, then 1, 3, 7 ... sent at once: about log2 */
+	printf("%s one way: %d WRITEs, the server held %" PRIu64 " ACKs, %"
+	       PRIu64 " sent alone\n", r[1] >= 1 && r[1] <= 12 ? "ok" : "FAIL",
+	       PINGS, r[0], r[1]);
+	bad |= !(r[1] >= 1 && r[1] <= 12);
+
+	cmd = 3;
+	xio(s, &cmd, sizeof(cmd), 1);
+	xio(s, r, sizeof(r[0]), 0);	/* the server's receives are posted */
+	for (int i = 0; i < PINGS; i++) {
+		struct ibv_sge sg = { (uintptr_t)e->buf + 64, 64, e->mr->lkey };
+		struct ibv_recv_wr w = { .sg_list = &sg, .num_sge = 1 }, *b;
+		int got = 0;
+
+		if (ibv_post_recv(e->qp, &w, &b))
+			die("post_recv");
+		post(e, IBV_WR_SEND, 0, 64, 0, 0, (uint64_t)i);
+		while (got < 2) {	/* our SEND and the answer */
+			wc = wait1(e);
+			if (wc.status)
+				die("ping");
+			got++;
+		}
+	}
+	if (ursa_udp_stats(&st))
+		die("ursa_udp_stats");
+	/* (the last ACK is still held: nothing follows it yet) */
+	printf("%s ping-pong: %d rounds, %" PRIu64 " ACKs held, %" PRIu64
+	       " of them sent alone\n",
+	       st.acks_held >= PINGS / 2 && st.acks_alone * 4 < st.acks_held ?
+	       "ok" : "FAIL", PINGS, st.acks_held, st.acks_alone);
+	bad |= !(st.acks_held >= PINGS / 2 && st.acks_alone * 4 < st.acks_held);
+
+	cmd = 5;
+	xio(s, &cmd, sizeof(cmd), 1);
+	xio(s, r, sizeof(r[0]), 0);
+	post(e, IBV_WR_SEND, 0, 64, 0, 0, 7);
+	wc = wait1(e);
+	printf("%s SEND to a server that exits without destroying its QP: %s\n",
+	       wc.status ? "FAIL" : "ok", ibv_wc_status_str(wc.status));
+	bad |= wc.status != IBV_WC_SUCCESS;
+	return bad;
+}
+
+static int client(const char *host, int port, size_t mib, int cut_check,
+		  int acks)
 {
 	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
 	int s = socket(AF_INET6, SOCK_STREAM, 0), bad = 0;
@@ -332,6 +436,8 @@ static int client(const char *host, int port, size_t mib, int cut_check)
 	}
 	want = fnv(e.buf, len, 1469598103934665603ull);
 
+	if (acks)
+		return acks_check(&e, s, &peer);
 	if (cut_check) {
 		struct ibv_wc wc;
 
@@ -414,7 +520,8 @@ int main(int argc, char **argv)
 		return server(atoi(argv[2]));
 	if (argc >= 5 && !strcmp(argv[1], "client"))
 		return client(argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 0),
-			      argc > 5 && !strcmp(argv[5], "--cut-check"));
+			      argc > 5 && !strcmp(argv[5], "--cut-check"),
+			      argc > 5 && !strcmp(argv[5], "--acks"));
 	fprintf(stderr, "usage: xfer server PORT | xfer client IP PORT MIB [--cut-check]\n");
 	return 2;
 }

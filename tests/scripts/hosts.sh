@@ -89,6 +89,18 @@ gso_check "  cut-apart segments accepted by their IPv4 ID, no ICRC drop" '$15+0 
 SRV_ENV=URSA_GSO=0 CLI_ENV=URSA_GSO=0 xfer_pair "RC $((MIB / 8)) MiB, URSA_GSO=0" "$((MIB / 8))"
 gso_check "  no GSO runs, no ID but 0" '$15+0 == 0 && $36+0 == 0 && $39+0 == 0 && $45+0 == 0'
 
+# 2c. the delayed ACK: it leaves with the next packet of a ping-pong,
+# backs off when it goes alone, and leaves when a process exits without
+# destroying its QP (held 500 us there, so that nothing else sends it)
+ip netns exec $H1 $RUN URSA_ACK_DELAY_US=500 timeout 120 "$XFER" server 7200 >"$tmp/s" 2>&1 &
+spid=$!
+ip netns exec $H2 $RUN timeout 120 "$XFER" client $IP1 7200 1 --acks >"$tmp/c" 2>&1
+crc=$?
+wait $spid
+sed 's/^/    /' "$tmp/c"
+if [ $crc = 0 ] && [ "$(grep -c '^ok ' "$tmp/c")" = 3 ]; then ok "delayed ACKs: along, backed off, sent at exit"
+else bad "delayed ACKs" "exit $crc"; fi
+
 # 2b. two processes on each host at once: they share the RoCEv2 port
 ip netns exec $H1 $RUN timeout 300 "$XFER" server 7300 >"$tmp/s1" 2>&1 &
 s1=$!
