@@ -43,11 +43,34 @@
 #define TICK_NS 1000000ull
 #define RECENT_NS 100000000ull
 
-static bool any_pending(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline)
+/* An application thread that polls (ibv_poll_cq) holds the context's lock
+ * most of the time, doing the engine's work itself. The engine then does
+ * not queue for the lock: every wait would cost the application a futex
+ * wake on its critical path, and the engine's pass would take the packets
+ * the application is about to read. It takes the lock only if it is free,
+ * and otherwise looks again after APP_POLL_NS. */
+#define APP_POLL_NS 50000ull
+
+static bool lock_unless_app(struct ursa_engine *e, uint64_t now)
 {
+	if (now - atomic_load_explicit(&e->app_pass_ns, memory_order_relaxed) <
+	    APP_POLL_NS)
+		return !pthread_mutex_trylock(&e->ctx->qp_lock);
+	pthread_mutex_lock(&e->ctx->qp_lock);
+	return true;
+}
+
+static bool any_pending(struct ursa_engine *e, uint64_t now,
+			uint64_t *deadline)
+{
+	struct ursa_ctx *ctx = e->ctx;
 	bool p;
 
-	pthread_mutex_lock(&ctx->qp_lock);
+	if (!lock_unless_app(e, now)) {
+		/* (what the application's pass leaves, we see soon) */
+		*deadline = MIN(*deadline, now + APP_POLL_NS);
+		return false;
+	}
 	p = ursa_shm_serve_pending(ctx->eng);
 	/* (a datagram waiting on the RoCEv2 socket wakes epoll_wait) */
 	for (struct ursa_qp *qp = ctx->qps; qp && !p; qp = qp->next)
@@ -157,15 +180,16 @@ static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns)
 		n = epoll_wait(e->epfd, ev, 32, timeout_ns == UINT64_MAX ? -1 :
 			       (int)MIN(timeout_ns / 1000000, (uint64_t)INT32_MAX));
 	}
-	if (n <= 0)
-		return false;
+	for (int i = 0; i < n && !other; i++)
+		other = ((struct ursa_watch *)ev[i].data.ptr)->kind != URSA_W_UDP;
+	if (!other)
+		return false;	/* RoCEv2 readiness: the next pass receives */
 	pthread_mutex_lock(&e->ctx->qp_lock);
 	for (int i = 0; i < n; i++) {
 		struct ursa_watch *w = ev[i].data.ptr;
 
 		if (w->kind == URSA_W_UDP)
-			continue;	/* the next pass receives */
-		other = true;
+			continue;
 		if (w->kind == URSA_W_DOORBELL) {
 			uint64_t v;
 
@@ -202,12 +226,13 @@ static void *engine_main(void *arg)
 		uint64_t now = ursa_now_ns(), deadline = UINT64_MAX;
 		int work = 0;
 
-		pthread_mutex_lock(&ctx->qp_lock);
-		/* Only the engine frees closed channels: it alone may hold
-		 * events that still name them. */
-		ursa_shm_reap(e);
-		work += pass(ctx, now, &deadline, true);
-		pthread_mutex_unlock(&ctx->qp_lock);
+		if (lock_unless_app(e, now)) {
+			/* Only the engine frees closed channels: it alone
+			 * may hold events that still name them. */
+			ursa_shm_reap(e);
+			work += pass(ctx, now, &deadline, true);
+			pthread_mutex_unlock(&ctx->qp_lock);
+		}
 		if (now - last_events > EVENT_POLL_NS) {
 			/* connection requests and peer deaths, even when
 			 * the engine never gets to sleep */
@@ -236,7 +261,7 @@ static void *engine_main(void *arg)
 		atomic_store(&e->sleep_until, deadline);
 		atomic_store(&e->ctl->sleeping, 1);
 		atomic_thread_fence(memory_order_seq_cst);
-		if (!any_pending(ctx, ursa_now_ns(), &deadline) &&
+		if (!any_pending(e, ursa_now_ns(), &deadline) &&
 		    !atomic_load(&e->stop)) {
 			bool was_quiet = false;
 
