@@ -236,7 +236,7 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 		put32(h, p->imm);
 		h += 4;
 	}
-	if (paylen)
+	if (paylen && payload != h)	/* (else built in place) */
 		memcpy(h, payload, paylen);
 	memset(h + paylen, 0, pad);	/* pad bytes are zero (rxe) */
 	return (int)(hl + paylen + pad + ROCE_ICRC_LEN);

@@ -980,6 +980,20 @@ static void udp_flush(void)
 	txb.n = 0;
 }
 
+/* Where the next packet of the batch goes: a packet built there (see
+ * send_data_pkt) is not copied again by batch_add. */
+static uint8_t *tx_slot(void)
+{
+	if (txb.n == TXB)
+		udp_flush();
+	return txb.buf[txb.n];
+}
+
+static bool in_next_slot(const uint8_t *ib)
+{
+	return txb.n < TXB && ib == txb.buf[txb.n];
+}
+
 static void batch_add(int fd, const uint8_t *ib, size_t len,
 		      const struct sockaddr_storage *to, socklen_t tolen)
 {
@@ -989,7 +1003,8 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 		udp_flush();
 	i = txb.n++;
 	txb.fd = fd;
-	memcpy(txb.buf[i], ib, len);
+	if (ib != txb.buf[i])
+		memcpy(txb.buf[i], ib, len);
 	txb.to[i] = *to;
 	txb.tolen[i] = tolen;
 	txb.iov[i].iov_base = txb.buf[i];
@@ -1166,9 +1181,16 @@ static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 	       uint8_t *ib, size_t len, uint8_t ttl)
 {
 	bool ack_after = u->ack_owed && completes_nothing(ib[0]);
+	uint8_t moved[MAX_PKT];
 
-	if (u->ack_owed && !ack_after)
+	if (u->ack_owed && !ack_after) {
+		/* (the ACK takes the slot a packet was built in) */
+		if (in_next_slot(ib) && len <= sizeof(moved)) {
+			memcpy(moved, ib, len);
+			ib = moved;
+		}
 		ack_emit(u, true);
+	}
 	tx_one(u, src, dst, ib, len, ttl);
 	if (ack_after && u->ack_owed)
 		ack_emit(u, true);
@@ -1451,20 +1473,24 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 			  const struct ursa_req *r, const struct ursa_send_wqe *w,
 			  uint32_t k, const addr_t *src, const addr_t *dst)
 {
-	uint8_t buf[MAX_PKT], pay[4096];
+	/* built where the batch will send it from: one copy, from the MR */
+	uint8_t *buf = tx_slot();
 	struct roce_pkt p = { 0 };
 	uint64_t off = (uint64_t)k * u->m.mtu;
 	uint32_t len = (uint32_t)MIN((uint64_t)u->m.mtu, r->msg_len - off);
 	bool first = k == 0, last = k + 1 == u->m.npkts;
 	bool ud = qp->ex.qp_base.qp_type == IBV_QPT_UD;
-	struct ursa_sg part[URSA_MAX_SGE], d = { (uintptr_t)pay, len };
+	struct ursa_sg part[URSA_MAX_SGE], d;
+	uint8_t *pay;
 	int n;
 
 	if (r->msg_len == 0)
 		len = 0;
+	p.opcode = (uint8_t)(transport_bits(qp) | req_opcode(r->opcode, first, last, false));
+	pay = buf + roce_hdr_len(p.opcode);
+	d = (struct ursa_sg){ (uintptr_t)pay, len };
 	if (len)
 		ursa_sg_copy(&d, 1, part, ursa_sg_slice(r->src, r->nsrc, off, len, part), len);
-	p.opcode = (uint8_t)(transport_bits(qp) | req_opcode(r->opcode, first, last, false));
 	p.pkey = ROCE_DEFAULT_PKEY;
 	p.dqpn = ud ? w->remote_qpn : qp->attr.dest_qp_num;
 	p.psn = psn_add(u->m.first, k);
@@ -1483,7 +1509,7 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	p.imm = r->imm;
 	p.qkey = r->qkey;
 	p.sqpn = qp->ex.qp_base.qp_num;
-	n = roce_build(buf, sizeof(buf), &p, pay, len);
+	n = roce_build(buf, MAX_PKT, &p, pay, len);
 	if (n > 0)
 		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64);
 }
@@ -1916,17 +1942,25 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 {
 	uint32_t mtu = mtu_of(qp);
 	uint32_t n = (uint32_t)MAX(1, ((uint64_t)p->dmalen + mtu - 1) / mtu);
-	uint8_t data[4096], buf[MAX_PKT];
 
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t len = (uint32_t)MIN((uint64_t)mtu, p->dmalen - (uint64_t)k * mtu);
-		struct ursa_sg d = { (uintptr_t)data, len };
+		/* read straight into the packet, built where the batch
+		 * sends it from */
+		uint8_t *buf = tx_slot(), *data;
 		struct ursa_resp resp;
 		struct roce_pkt o = { 0 };
+		struct ursa_sg d;
 		int b;
 
 		if (!p->dmalen)
 			len = 0;
+		o.opcode = (uint8_t)(ROCE_RC | (n == 1 ? OP_READ_RESP_ONLY :
+					       k == 0 ? OP_READ_RESP_FIRST :
+					       k + 1 == n ? OP_READ_RESP_LAST :
+							    OP_READ_RESP_MIDDLE));
+		data = buf + roce_hdr_len(o.opcode);
+		d = (struct ursa_sg){ (uintptr_t)data, len };
 		r->opcode = IBV_WR_RDMA_READ;
 		r->rkey = p->rkey;
 		r->frag = URSA_FRAG_ONLY;
@@ -1944,16 +1978,12 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 					 p->psn, 0);
 			return;
 		}
-		o.opcode = (uint8_t)(ROCE_RC | (n == 1 ? OP_READ_RESP_ONLY :
-					       k == 0 ? OP_READ_RESP_FIRST :
-					       k + 1 == n ? OP_READ_RESP_LAST :
-							    OP_READ_RESP_MIDDLE));
 		o.pkey = ROCE_DEFAULT_PKEY;
 		o.dqpn = qp->attr.dest_qp_num;
 		o.psn = psn_add(p->psn, k);
 		o.syndrome = AETH_ACK | AETH_CREDIT_INVALID;
 		o.msn = u->msn;
-		b = roce_build(buf, sizeof(buf), &o, data, len);
+		b = roce_build(buf, MAX_PKT, &o, data, len);
 		if (b > 0)
 			tx(u, me, peer, buf, (size_t)b, qp->attr.ah_attr.grh.hop_limit);
 	}
