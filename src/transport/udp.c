@@ -495,7 +495,8 @@ static bool forward(const uint8_t *buf, size_t len, uint32_t dqpn,
 }
 
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
-		      uint16_t sport, const addr_t *dst, bool forwarded);
+		      uint16_t sport, const addr_t *dst, bool forwarded,
+		      unsigned seg);
 
 static int poll_sock(int fd, bool v6);
 
@@ -548,7 +549,7 @@ static int fwd_poll(void)
 			if (h.magic != FWD_MAGIC)
 				continue;
 			on_packet(buf + sizeof(h), (size_t)r - sizeof(h), &h.src,
-				  h.sport, &h.dst, true);
+				  h.sport, &h.dst, true, 0);
 			total++;
 		}
 	}
@@ -900,13 +901,17 @@ static uint32_t id_delta(size_t ib_len, unsigned id)
 }
 
 /* Does a received ICRC match for one of the IDs a GSO sender uses? got is
- * the packet's ICRC, c0 the one computed with ID 0. The IDs are walked in
- * Gray code order: each step changes one bit, so one xor. */
-static bool icrc_match_v4(size_t ib_len, uint32_t c0, uint32_t got)
+ * the packet's ICRC, c0 the one computed with ID 0. The likely ID (the
+ * packet's place in its run) first; then all, in Gray code order: each
+ * step changes one bit, so one xor. */
+static bool icrc_match_v4(size_t ib_len, uint32_t c0, uint32_t got,
+			  unsigned likely)
 {
 	const uint32_t *d = id_basis(ib_len);
 	uint32_t x = c0 ^ got, y = 0;
 
+	if (likely && likely < URSA_GSO_SEGS && x == id_delta(ib_len, likely))
+		return true;
 	for (unsigned i = 1; i < URSA_GSO_SEGS; i++) {
 		y ^= d[__builtin_ctz(i)];	/* gray(i) = gray(i-1) ^ lowest bit of i */
 		if (y == x)
@@ -2157,8 +2162,11 @@ answer:
 	}
 }
 
+/* seg: the packet's place in a coalesced run (UDP_GRO), 0 if alone: the
+ * IPv4 ID it most likely left with (udp_flush), tried first. */
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
-		      uint16_t sport, const addr_t *dst, bool forwarded)
+		      uint16_t sport, const addr_t *dst, bool forwarded,
+		      unsigned seg)
 {
 	struct roce_pkt p;
 	uint8_t ip[40], udp[8];
@@ -2184,7 +2192,7 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 
 		/* IPv4: ID 0, or a segment of a GSO run (udp_flush) */
 		if (c0 != got) {
-			if (hl != 20 || !icrc_match_v4(len - 4, c0, got)) {
+			if (hl != 20 || !icrc_match_v4(len - 4, c0, got, seg)) {
 				atomic_fetch_add(&ursa_udp_cnt.drop_icrc, 1);
 				return;
 			}
@@ -2265,7 +2273,7 @@ void ursa_udp_inject(uint8_t *buf, size_t len, const union ibv_gid *src,
 		     uint16_t sport, const union ibv_gid *dst)
 {
 	pthread_mutex_lock(&U.rx);
-	on_packet(buf, len, src, sport, dst, true);
+	on_packet(buf, len, src, sport, dst, true, 0);
 	pthread_mutex_unlock(&U.rx);
 	udp_flush();
 }
@@ -2362,7 +2370,8 @@ static int poll_sock(int fd, bool v6)
 				atomic_fetch_add(&ursa_udp_cnt.rx_gro, 1);
 			for (size_t off = 0; off < mm[i].msg_len; off += seg)
 				on_packet(bufs[i] + off, MIN(seg, mm[i].msg_len - off),
-					  &src, sport, &dst, false);
+					  &src, sport, &dst, false,
+					  (unsigned)(off / seg));
 		}
 		total += n;
 		if (n < BATCH)
