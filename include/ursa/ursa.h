@@ -107,6 +107,9 @@ struct ursa_udp_stats {
 	/* delayed ACKs: held back, and of those sent alone when their
 	 * time was up (the others left with a packet of the QP) */
 	uint64_t acks_held, acks_alone;
+	/* requests held until the ACK that completes our send came (the
+	 * peer sends a held ACK after its next request) */
+	uint64_t reqs_held;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

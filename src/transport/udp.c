@@ -173,6 +173,12 @@ struct ursa_uqp {
 	addr_t ack_me, ack_peer;
 	unsigned ack_skip;	/* ACKs to send at once before holding again */
 	unsigned ack_backoff;	/* held ACKs in a row that went alone */
+	/* A request that would complete a receive while our own signaled
+	 * message waits for its ACK, held until that ACK (hold_request) */
+	uint8_t *stash;		/* MAX_PKT bytes, allocated when first used */
+	size_t stash_len;	/* 0: none */
+	uint64_t stash_due;
+	addr_t stash_me, stash_peer;
 };
 
 static uint64_t rnd(void)
@@ -1156,36 +1162,21 @@ void ursa_udp_ack_exit(struct ursa_qp *qp)
 	udp_flush();
 }
 
-/* A request that completes nothing at the peer: RDMA WRITE without
- * immediate, READ request, atomic. */
-static bool completes_nothing(uint8_t opcode)
-{
-	switch (opcode) {
-	case ROCE_RC | OP_WRITE_FIRST: case ROCE_RC | OP_WRITE_MIDDLE:
-	case ROCE_RC | OP_WRITE_LAST: case ROCE_RC | OP_WRITE_ONLY:
-	case ROCE_RC | OP_READ_REQ: case ROCE_RC | OP_CMP_SWAP:
-	case ROCE_RC | OP_FETCH_ADD:
-		return true;
-	default:
-		return false;
-	}
-}
-
 /*
- * tx_one, with the QP's held-back ACK (ack_later) in the same batch. The
- * ACK goes first, so that the peer completes its earlier request before
- * it sees the one this packet carries (programs rely on that order: an
- * answer's receive completion after the send completion it answers).
- * Only a request that completes nothing at the peer goes first: the peer,
- * which polls for that ACK, then finds our request already there when
- * the ACK lets its poll return (perftest's WRITE latency test, which then
- * spins on memory, otherwise leaves the request to its engine's wake-up).
+ * tx_one, with the QP's held-back ACK (ack_later) in the same batch. After
+ * a request: the peer, polling for that ACK, then finds our request
+ * already there when the ACK lets its poll return (perftest's WRITE
+ * latency test, which then spins on memory, otherwise leaves the request
+ * to its engine's wake-up), and the request is not delayed by the ACK's
+ * trip. The peer holds a request that would complete a receive until the
+ * ACK is in (hold_request), so its send completion still comes first.
+ * Before a response (NAK, READ response, atomic ACK): PSN order.
  * Called with u->lock held.
  */
 static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 	       uint8_t *ib, size_t len, uint8_t ttl)
 {
-	bool ack_after = u->ack_owed && completes_nothing(ib[0]);
+	bool ack_after = u->ack_owed && !(roce_opcode_flags(ib[0]) & P_RESP);
 	uint8_t moved[MAX_PKT];
 
 	if (u->ack_owed && !ack_after) {
@@ -1202,6 +1193,13 @@ static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 }
 
 /* --- per-QP state ------------------------------------------------------------ */
+
+static bool can_receive(int st)
+{
+	return st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD ||
+	       st == IBV_QPS_SQE;
+}
+
 
 int ursa_uqp_init(struct ursa_qp *qp)
 {
@@ -1255,6 +1253,7 @@ void ursa_uqp_fini(struct ursa_qp *qp)
 	if (!u)
 		return;
 	ack_flush(u);
+	free(u->stash);
 	ursa_rstate_drop(&u->rs);
 	rx_bury(u);
 	if (u->txfd >= 0)
@@ -1284,6 +1283,8 @@ void ursa_uqp_modified(struct ursa_qp *qp, int mask)
 	if (mask & IBV_QP_STATE) {
 		u->m.active = false;
 		ursa_rstate_drop(&u->rs);
+		if (!can_receive(qp->attr.qp_state))
+			__atomic_store_n(&u->stash_len, 0, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&u->lock);
 }
@@ -1402,15 +1403,27 @@ static void ack_emit(struct ursa_uqp *u, bool along)
 		 AETH_ACK | AETH_CREDIT_INVALID, u->ack_psn, 0);
 }
 
+static void run_held(struct ursa_qp *qp, struct ursa_uqp *u);
+
 int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
 		  bool engine)
 {
 	struct ursa_uqp *u = qp->udp;
 	int sent = 0;
 
-	if (!u || !__atomic_load_n(&u->ack_owed, __ATOMIC_RELAXED))
+	if (!u || (!__atomic_load_n(&u->ack_owed, __ATOMIC_RELAXED) &&
+		   !__atomic_load_n(&u->stash_len, __ATOMIC_RELAXED)))
 		return 0;
 	pthread_mutex_lock(&u->lock);
+	if (u->stash_len && now >= u->stash_due) {
+		run_held(qp, u);
+		sent = 1;
+	} else if (u->stash_len) {
+		uint64_t d = engine ? u->stash_due : u->stash_due + ACK_WAKE_SLACK_NS;
+
+		if (d < *deadline)
+			*deadline = d;
+	}
 	if (u->ack_owed && now >= u->ack_due) {
 		ack_emit(u, false);
 		sent = 1;
@@ -1424,8 +1437,7 @@ int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
 			*deadline = d;
 	}
 	pthread_mutex_unlock(&u->lock);
-	if (sent)
-		udp_flush();
+	udp_flush();
 	return sent;
 }
 
@@ -1849,12 +1861,6 @@ out:
 
 /* --- receive ------------------------------------------------------------------ */
 
-static bool can_receive(int st)
-{
-	return st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD ||
-	       st == IBV_QPS_SQE;
-}
-
 /* A response for our requester QP (RC): move the message forward. */
 static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 			const struct roce_pkt *p)
@@ -2164,6 +2170,57 @@ answer:
 
 /* seg: the packet's place in a coalesced run (UDP_GRO), 0 if alone: the
  * IPv4 ID it most likely left with (udp_flush), tried first. */
+/*
+ * Completion order (docs/design.md "Delayed ACK"): the peer sends its held
+ * ACK of our message after its own next request, so a request of the peer
+ * that completes a receive here may arrive just before the ACK that
+ * completes our send. While our message is signaled, fully sent and not
+ * yet acknowledged, such a request is held (copied aside, not executed)
+ * until that ACK has completed our message (on_packet), for at most
+ * HOLD_NS, and never past a later request of the QP: the application sees
+ * its send completion first, as with a NIC that acknowledges at once.
+ * Only on the context's own pass (on_packet completes the send there).
+ * Called with u->lock held.
+ */
+#define HOLD_NS 200000ull
+
+static bool hold_request(struct ursa_qp *qp, struct ursa_uqp *u,
+			 const struct roce_pkt *p, uint32_t f,
+			 const uint8_t *buf, size_t len, const addr_t *me,
+			 const addr_t *peer)
+{
+	const struct ursa_send_wqe *w = u->m.wqe;
+
+	if (qp->ex.qp_base.qp_type != IBV_QPT_RC || qp->ctx != ursa_pass_ctx ||
+	    !(f & P_LAST) || !((f & P_SEND) || ((f & P_WRITE) && (f & H_IMM))) ||
+	    p->psn != u->epsn || !u->m.active || u->m.done || u->m.nak ||
+	    u->m.is_read || u->m.op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	    u->m.op == IBV_WR_ATOMIC_FETCH_AND_ADD || u->m.sent < u->m.npkts ||
+	    !w || !((w->flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) ||
+	    len > MAX_PKT)
+		return false;
+	if (!u->stash && !(u->stash = malloc(MAX_PKT)))
+		return false;
+	memcpy(u->stash, buf, len);
+	u->stash_due = ursa_now_ns() + HOLD_NS;
+	u->stash_me = *me;
+	u->stash_peer = *peer;
+	__atomic_store_n(&u->stash_len, len, __ATOMIC_RELAXED);
+	atomic_fetch_add(&ursa_udp_cnt.reqs_held, 1);
+	return true;
+}
+
+/* Execute the held request, if the QP can still receive (u->lock held). */
+static void run_held(struct ursa_qp *qp, struct ursa_uqp *u)
+{
+	size_t len = u->stash_len;
+	struct roce_pkt p;
+
+	__atomic_store_n(&u->stash_len, 0, __ATOMIC_RELAXED);
+	if (len && !roce_parse(u->stash, len, &p) && can_receive(qp_state(qp)))
+		on_request(qp, u, &p, &u->stash_me, &u->stash_peer);
+}
+
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		      uint16_t sport, const addr_t *dst, bool forwarded,
 		      unsigned seg)
@@ -2249,7 +2306,10 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
 		atomic_fetch_add(&qp->cnt.drops, 1);
 	} else {
-		on_request(qp, u, &p, dst, src);
+		if (u->stash_len)
+			run_held(qp, u);	/* in PSN order */
+		if (!hold_request(qp, u, &p, f, buf, len, dst, src))
+			on_request(qp, u, &p, dst, src);
 	}
 	pthread_mutex_unlock(&u->lock);
 	udp_flush();
@@ -2262,6 +2322,12 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		uint64_t d = UINT64_MAX;
 
 		ursa_req_process(qp, ursa_now_ns(), &d);
+		/* our send is complete: now the request it held back */
+		pthread_mutex_lock(&u->lock);
+		if (u->stash_len && !u->m.active)
+			run_held(qp, u);
+		pthread_mutex_unlock(&u->lock);
+		udp_flush();
 	}
 out:
 	ursa_loop_put(qp);

@@ -80,7 +80,7 @@ struct ursa_udp_counters {
 	atomic_uint_fast64_t drop_fwd;	/* for another process, which was behind */
 	atomic_uint_fast64_t fault_delay;
 	atomic_uint_fast64_t tx_gso, rx_gro, rx_ipid;
-	atomic_uint_fast64_t acks_held, acks_alone;
+	atomic_uint_fast64_t acks_held, acks_alone, reqs_held;
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

@@ -23,7 +23,8 @@
  *   request, holds only a few ACKs (the backoff), not one per WRITE;
  * - a SEND ping-pong of PINGS rounds: the client's ACKs of the server's
  *   answers must mostly leave with its next SEND, few alone (the server's
- *   backoff runs out meanwhile);
+ *   backoff runs out meanwhile); each answer, which the server sends
+ *   before its held ACK, must complete after the SEND it answers;
  * - the server receives one more SEND and exits at once, without
  *   destroying its QP: the client's SEND must still complete successfully
  *   (the held ACK leaves at exit; without that, retries exhaust).
@@ -341,7 +342,7 @@ static int acks_check(struct ep *e, int s, const struct info *peer)
 	struct ursa_udp_stats st;
 	uint64_t cmd, r[2];
 	struct ibv_wc wc;
-	int bad = 0;
+	int bad = 0, misordered = 0;
 
 	for (int i = 0; i < PINGS; i++) {
 		post(e, IBV_WR_RDMA_WRITE, 0, 4096, peer->addr, peer->rkey, 1);
@@ -368,10 +369,12 @@ static int acks_check(struct ep *e, int s, const struct info *peer)
 		if (ibv_post_recv(e->qp, &w, &b))
 			die("post_recv");
 		post(e, IBV_WR_SEND, 0, 64, 0, 0, (uint64_t)i);
-		while (got < 2) {	/* our SEND and the answer */
+		while (got < 2) {	/* our SEND, then the answer */
 			wc = wait1(e);
 			if (wc.status)
 				die("ping");
+			if (wc.opcode != (got ? IBV_WC_RECV : IBV_WC_SEND))
+				misordered++;
 			got++;
 		}
 	}
@@ -383,6 +386,13 @@ static int acks_check(struct ep *e, int s, const struct info *peer)
 	       st.acks_held >= PINGS / 2 && st.acks_alone * 4 < st.acks_held ?
 	       "ok" : "FAIL", PINGS, st.acks_held, st.acks_alone);
 	bad |= !(st.acks_held >= PINGS / 2 && st.acks_alone * 4 < st.acks_held);
+	/* the server sends its held ACK after its answer; we hold the answer
+	 * until the ACK has completed our SEND */
+	printf("%s ping-pong: %d answers before the send completion they "
+	       "answer, %" PRIu64 " answers held for their ACK\n",
+	       !misordered && st.reqs_held ? "ok" : "FAIL", misordered,
+	       st.reqs_held);
+	bad |= misordered || !st.reqs_held;
 
 	cmd = 5;
 	xio(s, &cmd, sizeof(cmd), 1);
