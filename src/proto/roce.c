@@ -388,17 +388,31 @@ uint32_t roce_crc32_raw_table(uint32_t reg, const uint8_t *p, size_t n)
 	return crc_table(reg, p, n);
 }
 
+/*
+ * The ICRC covers 8 bytes of ones (the LRH a RoCEv2 packet lacks), the IP
+ * and UDP headers and the BTH with their variant fields masked to ones,
+ * then the rest of the packet. The masked headers are assembled in one
+ * block behind leading zeros, so that the carry-less method takes them
+ * too (it wants multiples of 16 bytes, at least 64; the tables took 40 of
+ * the 140 ns of a 1 KiB packet's ICRC here): a CRC whose register starts
+ * at zero is unchanged by leading zero bytes, and a start value of ones
+ * is the same as a zero start with the first four bytes inverted (those
+ * are LRH bytes: ones, inverted to zeros).
+ */
 uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 		   const uint8_t *ib, size_t ib_len)
 {
-	static const uint8_t lrh[8] = { 0xff, 0xff, 0xff, 0xff,
-					0xff, 0xff, 0xff, 0xff };
-	uint8_t hdr[40 + 8 + ROCE_BTH_LEN];
-	uint32_t reg = 0xffffffffu;
+	/* IPv4: 16 + 8 + 20 + 8 + 12 = 64; IPv6: 12 + 8 + 40 + 8 + 12 = 80 */
+	uint8_t blk[80];
+	size_t lead = ip_len == 20 ? 16 : 12;
+	uint8_t *hdr = blk + lead + 8;
+	uint32_t reg;
 	size_t n = 0;
 
 	if ((ip_len != 20 && ip_len != 40) || ib_len < ROCE_BTH_LEN)
 		return 0;
+	memset(blk, 0, lead + 4);
+	memset(blk + lead + 4, 0xff, 4);
 	memcpy(hdr, ip, ip_len);
 	if (ip_len == 20) {
 		hdr[1] = 0xff;			/* TOS */
@@ -416,8 +430,7 @@ uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 	memcpy(hdr + n, ib, ROCE_BTH_LEN);
 	hdr[n + 4] = 0xff;			/* FECN, BECN, reserved */
 	n += ROCE_BTH_LEN;
-	reg = roce_crc32_raw(reg, lrh, sizeof(lrh));
-	reg = roce_crc32_raw(reg, hdr, n);
+	reg = roce_crc32_raw(0, blk, lead + 8 + n);
 	reg = roce_crc32_raw(reg, ib + ROCE_BTH_LEN, ib_len - ROCE_BTH_LEN);
 	return ~reg;
 }
