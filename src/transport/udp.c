@@ -858,6 +858,7 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 #define GSO_MAX_BYTES 65000
 static __thread struct {
 	int n, fd;
+	unsigned long added;	/* packets ever added */
 	uint8_t buf[TXB][MAX_PKT];
 	struct iovec iov[TXB];
 	struct mmsghdr mm[TXB];
@@ -1013,6 +1014,7 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 	if (txb.n && (txb.fd != fd || txb.n == TXB))
 		udp_flush();
 	i = txb.n++;
+	txb.added++;
 	txb.fd = fd;
 	if (ib != txb.buf[i])
 		memcpy(txb.buf[i], ib, len);
@@ -1164,22 +1166,22 @@ void ursa_udp_ack_exit(struct ursa_qp *qp)
 
 /*
  * tx_one, with the QP's held-back ACK (ack_later) in the same batch. After
- * a request: the peer, polling for that ACK, then finds our request
- * already there when the ACK lets its poll return (perftest's WRITE
- * latency test, which then spins on memory, otherwise leaves the request
- * to its engine's wake-up), and the request is not delayed by the ACK's
- * trip. The peer holds a request that would complete a receive until the
- * ACK is in (hold_request), so its send completion still comes first.
- * Before a response (NAK, READ response, atomic ACK): PSN order.
- * Called with u->lock held.
+ * the requests a step sends (ursa_udp_step emits it at its end): the peer,
+ * polling for that ACK, then finds our whole request already there when
+ * the ACK lets its poll return (perftest's WRITE latency test, which then
+ * spins on memory, otherwise leaves the request to its engine, which on a
+ * host whose cores spin may not run for milliseconds), and the request is
+ * not delayed by the ACK's trip. The peer holds a request that would
+ * complete a receive until the ACK is in (hold_request), so its send
+ * completion still comes first. Before a response (NAK, READ response,
+ * atomic ACK): PSN order. Called with u->lock held.
  */
 static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 	       uint8_t *ib, size_t len, uint8_t ttl)
 {
-	bool ack_after = u->ack_owed && !(roce_opcode_flags(ib[0]) & P_RESP);
 	uint8_t moved[MAX_PKT];
 
-	if (u->ack_owed && !ack_after) {
+	if (u->ack_owed && (roce_opcode_flags(ib[0]) & P_RESP)) {
 		/* (the ACK takes the slot a packet was built in) */
 		if (in_next_slot(ib) && len <= sizeof(moved)) {
 			memcpy(moved, ib, len);
@@ -1188,8 +1190,6 @@ static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 		ack_emit(u, true);
 	}
 	tx_one(u, src, dst, ib, len, ttl);
-	if (ack_after && u->ack_owed)
-		ack_emit(u, true);
 }
 
 /* --- per-QP state ------------------------------------------------------------ */
@@ -1705,6 +1705,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	bool atomic = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		      r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 	const addr_t *src = &r->sgid, *dst = &r->dgid;
+	unsigned long batch0;
 	int ret = 0;
 
 	atomic_store_explicit(&U.live, true, memory_order_relaxed);
@@ -1719,6 +1720,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		return 1;
 	}
 	pthread_mutex_lock(&u->lock);
+	batch0 = txb.added;
 	if (!u->m.active || u->m.wqe != w) {
 		memset(&u->m, 0, sizeof(u->m));
 		u->m.active = true;
@@ -1849,6 +1851,8 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	}
 	*until = MIN(u->m.deadline, u->m.rto);
 out:
+	if (u->ack_owed && txb.added != batch0)
+		ack_emit(u, true);	/* after what we sent (tx) */
 	w->inflight = ret == 0;
 	/* The engine and ursa_req_pending read the wait's end here: left
 	 * stale (0), every pass took it for an expired timer, the engine
@@ -2160,8 +2164,13 @@ answer:
 		u->epsn = psn_add(p->psn, 1);
 		if (f & P_LAST)
 			u->msn++;
-		if (p->ackreq)
+		/* (an ACK inside a message moves the requester's window:
+		 * at once; nothing of ours could carry it anyway) */
+		if (p->ackreq && (f & P_LAST))
 			ack_later(qp, u, peer, me, p->psn);
+		else if (p->ackreq)
+			send_ack(qp, u, peer, me, OP_ACK,
+				 AETH_ACK | AETH_CREDIT_INVALID, p->psn, 0);
 	} else if (resp.ack != URSA_DROPPED) {
 		send_ack(qp, u, peer, me, OP_ACK,
 			 nak_syndrome(resp.ack, resp.rnr_timer), p->psn, 0);
