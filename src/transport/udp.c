@@ -165,8 +165,8 @@ struct ursa_uqp {
 	uint32_t wrkey;
 	struct { uint32_t psn; uint64_t orig; bool valid; } ares[ARES];
 	unsigned ares_next;
-	/* Delayed ACK (ack_later): a positive ACK held back to leave just
-	 * before this QP's next packet to the peer, or at ack_due. */
+	/* Delayed ACK (ack_later): a positive ACK held back to leave with
+	 * this QP's next packets to the peer, or at ack_due. */
 	bool ack_owed;		/* written under lock; read as a hint */
 	uint32_t ack_psn;
 	uint64_t ack_due;
@@ -1200,7 +1200,6 @@ static bool can_receive(int st)
 	       st == IBV_QPS_SQE;
 }
 
-
 int ursa_uqp_init(struct ursa_qp *qp)
 {
 	struct ursa_uqp *u = calloc(1, sizeof(*u));
@@ -1345,11 +1344,12 @@ static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, const addr_t *to,
  * per message on its critical path, and the requester, woken by the lone
  * ACK, returns to spinning on its memory (perftest's latency tests) so
  * that the answer it then gets must wake its engine thread. Held back, the
- * ACK leaves in the same sendmmsg as the QP's next packet to the peer,
- * usually the application's answer, which the peer, still polling for the
- * ACK, then takes in the same pass: in a ping-pong neither side's engine
- * is needed. IBTA 9.7.5.1.1 allows coalescing: an ACK covers every PSN up
- * to its own.
+ * ACK leaves in the same sendmmsg as the QP's next packets to the peer
+ * (after the requests of a step, see tx), usually the application's
+ * answer, which the peer, still polling for the ACK, then takes in the
+ * same pass: in a ping-pong neither side's engine is needed. IBTA
+ * 9.7.5.1.1 allows coalescing: an ACK covers every PSN up to its own.
+ * Only the ACK of a message's last packet is held (on_request).
  *
  * An ACK waits at most URSA_ACK_DELAY_US (default 50 us, 0: never; far
  * below the 1 ms floor of the peer's RTO). When one had to go alone, the
@@ -1405,6 +1405,22 @@ static void ack_emit(struct ursa_uqp *u, bool along)
 
 static void run_held(struct ursa_qp *qp, struct ursa_uqp *u);
 
+/* Is what waits until due due now? If not, *deadline comes down to it. An
+ * application's pass rings the sleeping engine only if it would sleep
+ * well past the due time: an engine that naps while the application polls
+ * wakes soon anyway. */
+static bool held_due(uint64_t due, uint64_t now, uint64_t *deadline,
+		     bool engine)
+{
+	uint64_t d = engine ? due : due + ACK_WAKE_SLACK_NS;
+
+	if (now >= due)
+		return true;
+	if (d < *deadline)
+		*deadline = d;
+	return false;
+}
+
 int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
 		  bool engine)
 {
@@ -1415,26 +1431,13 @@ int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
 		   !__atomic_load_n(&u->stash_len, __ATOMIC_RELAXED)))
 		return 0;
 	pthread_mutex_lock(&u->lock);
-	if (u->stash_len && now >= u->stash_due) {
+	if (u->stash_len && held_due(u->stash_due, now, deadline, engine)) {
 		run_held(qp, u);
-		sent = 1;
-	} else if (u->stash_len) {
-		uint64_t d = engine ? u->stash_due : u->stash_due + ACK_WAKE_SLACK_NS;
-
-		if (d < *deadline)
-			*deadline = d;
+		sent++;
 	}
-	if (u->ack_owed && now >= u->ack_due) {
+	if (u->ack_owed && held_due(u->ack_due, now, deadline, engine)) {
 		ack_emit(u, false);
-		sent = 1;
-	} else if (u->ack_owed) {
-		/* An application's pass rings the sleeping engine only if
-		 * it would sleep well past the due time: an engine that
-		 * naps while the application polls wakes soon anyway. */
-		uint64_t d = engine ? u->ack_due : u->ack_due + ACK_WAKE_SLACK_NS;
-
-		if (d < *deadline)
-			*deadline = d;
+		sent++;
 	}
 	pthread_mutex_unlock(&u->lock);
 	udp_flush();
@@ -2177,8 +2180,6 @@ answer:
 	}
 }
 
-/* seg: the packet's place in a coalesced run (UDP_GRO), 0 if alone: the
- * IPv4 ID it most likely left with (udp_flush), tried first. */
 /*
  * Completion order (docs/design.md "Delayed ACK"): the peer sends its held
  * ACK of our message after its own next request, so a request of the peer
@@ -2230,6 +2231,8 @@ static void run_held(struct ursa_qp *qp, struct ursa_uqp *u)
 		on_request(qp, u, &p, &u->stash_me, &u->stash_peer);
 }
 
+/* seg: the packet's place in a coalesced run (UDP_GRO), 0 if alone: the
+ * IPv4 ID it most likely left with (udp_flush), tried first. */
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		      uint16_t sport, const addr_t *dst, bool forwarded,
 		      unsigned seg)

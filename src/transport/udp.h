@@ -54,8 +54,9 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		  const struct ursa_req *r, uint64_t now,
 		  struct ursa_resp *resp, uint64_t *until);
 bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
-/* Send the QP's held-back ACK if it is due, else lower *deadline to when
- * it is (engine: the engine's own pass). Returns packets sent. */
+/* The QP's held-back ACK and held request (udp.c "Delayed ACK"): sent or
+ * executed if due, else *deadline lowered to when they are (engine: the
+ * engine's own pass). Returns how many were due. */
 int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
 		  bool engine);
 /* At process exit: send the QP's held-back ACK. */
