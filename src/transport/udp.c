@@ -1140,10 +1140,15 @@ static void ack_emit(struct ursa_uqp *u, bool along);
 /* A held ACK leaves now: the QP is going away or changing state, and the
  * peer, whose request a real NIC would have acknowledged long ago, must
  * not wait for it (ibv_rc_pingpong's client destroys its QP as soon as it
- * has the last answer; the server's last SEND would end in retries). */
-static void ack_flush(struct ursa_uqp *u)
+ * has the last answer; the server's last SEND would end in retries).
+ * !wait: only if the QP's lock is free (at exit). */
+static void ack_flush(struct ursa_uqp *u, bool wait)
 {
-	pthread_mutex_lock(&u->lock);
+	if (!wait && (!__atomic_load_n(&u->ack_owed, __ATOMIC_RELAXED) ||
+		      pthread_mutex_trylock(&u->lock)))
+		return;
+	if (wait)
+		pthread_mutex_lock(&u->lock);
 	if (u->ack_owed)
 		ack_emit(u, true);
 	pthread_mutex_unlock(&u->lock);
@@ -1152,16 +1157,9 @@ static void ack_flush(struct ursa_uqp *u)
 
 void ursa_udp_ack_exit(struct ursa_qp *qp)
 {
-	struct ursa_uqp *u = qp->udp;
-
 	/* (at exit: never wait for a lock another thread may keep) */
-	if (!u || !__atomic_load_n(&u->ack_owed, __ATOMIC_RELAXED) ||
-	    pthread_mutex_trylock(&u->lock))
-		return;
-	if (u->ack_owed)
-		ack_emit(u, true);
-	pthread_mutex_unlock(&u->lock);
-	udp_flush();
+	if (qp->udp)
+		ack_flush(qp->udp, false);
 }
 
 /*
@@ -1251,7 +1249,7 @@ void ursa_uqp_fini(struct ursa_qp *qp)
 
 	if (!u)
 		return;
-	ack_flush(u);
+	ack_flush(u, true);
 	free(u->stash);
 	ursa_rstate_drop(&u->rs);
 	rx_bury(u);
@@ -1271,7 +1269,7 @@ void ursa_uqp_modified(struct ursa_qp *qp, int mask)
 	if (!u)
 		return;
 	if (mask & IBV_QP_STATE)
-		ack_flush(u);
+		ack_flush(u, true);
 	pthread_mutex_lock(&u->lock);
 	if (mask & IBV_QP_RQ_PSN) {
 		u->epsn = qp->attr.rq_psn;

@@ -448,50 +448,19 @@ static int run_write_read(enum xfer_mode mode)
 	return TEST_RESULT();
 }
 
-static int test_rc_write_read_send(void)
-{
-	return run_write_read(M_DIRECT);
-}
+/* One test per mode (the harness runs functions without arguments). */
+#define MODE_TEST(name, mode) \
+	static int test_##name(void) { return run_write_read(mode); }
 
-static int test_no_cma_seccomp_fallback(void)
-{
-	return run_write_read(M_TARGET_SECCOMP);
-}
-
-static int test_no_cma_env_fallback(void)
-{
-	return run_write_read(M_NO_CMA);
-}
-
-static int test_no_direct_env(void)
-{
-	return run_write_read(M_NO_DIRECT);
-}
-
-static int test_requester_seccomp(void)
-{
-	return run_write_read(M_REQ_SECCOMP);
-}
-
-static int test_no_map_env(void)
-{
-	return run_write_read(M_NO_MAP);
-}
-
-static int test_no_cma_no_map(void)
-{
-	return run_write_read(M_NO_CMA_NO_MAP);
-}
-
-static int test_requester_seccomp_no_map(void)
-{
-	return run_write_read(M_REQ_SECCOMP_NO_MAP);
-}
-
-static int test_requester_no_open(void)
-{
-	return run_write_read(M_REQ_NO_OPEN);
-}
+MODE_TEST(rc_write_read_send, M_DIRECT)
+MODE_TEST(no_cma_seccomp_fallback, M_TARGET_SECCOMP)
+MODE_TEST(no_cma_env_fallback, M_NO_CMA)
+MODE_TEST(no_direct_env, M_NO_DIRECT)
+MODE_TEST(requester_seccomp, M_REQ_SECCOMP)
+MODE_TEST(no_map_env, M_NO_MAP)
+MODE_TEST(no_cma_no_map, M_NO_CMA_NO_MAP)
+MODE_TEST(requester_seccomp_no_map, M_REQ_SECCOMP_NO_MAP)
+MODE_TEST(requester_no_open, M_REQ_NO_OPEN)
 
 /*
  * An MR with partial first and last pages (PROCS_MR_SKIP): its whole pages

@@ -216,6 +216,15 @@ static void post(struct ep *e, enum ibv_wr_opcode op, uint64_t off,
 		die("post_send");
 }
 
+static void post_recv_at(struct ep *e, uint64_t off, uint32_t len, uint64_t id)
+{
+	struct ibv_sge s = { (uintptr_t)e->buf + off, len, e->mr->lkey };
+	struct ibv_recv_wr w = { .wr_id = id, .sg_list = &s, .num_sge = 1 }, *b;
+
+	if (ibv_post_recv(e->qp, &w, &b))
+		die("post_recv");
+}
+
 static int server(int port)
 {
 	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
@@ -248,12 +257,9 @@ static int server(int port)
 	while (read(c, &cmd, sizeof(cmd)) == sizeof(cmd)) {
 		if (cmd == 3 || cmd == 5) {
 			int n = cmd == 3 ? PINGS : 1;
-			struct ibv_sge s = { (uintptr_t)e.buf, 64, e.mr->lkey };
-			struct ibv_recv_wr w = { .sg_list = &s, .num_sge = 1 }, *b;
 
 			for (int i = 0; i < n; i++)
-				if (ibv_post_recv(e.qp, &w, &b))
-					die("post_recv");
+				post_recv_at(&e, 0, 64, 0);
 			sum = 0;
 			xio(c, &sum, sizeof(sum), 1); /* receives posted */
 			for (int i = 0; i < n; i++) {
@@ -283,13 +289,8 @@ static int server(int port)
 			uint64_t n = e.len / CHUNK, got = 0;
 
 			memset(e.buf, 0, e.len);
-			for (uint64_t i = 0; i < n && i < 400; i++) {
-				struct ibv_sge s = { (uintptr_t)e.buf + i * CHUNK, CHUNK, e.mr->lkey };
-				struct ibv_recv_wr w = { .wr_id = i, .sg_list = &s, .num_sge = 1 }, *b;
-
-				if (ibv_post_recv(e.qp, &w, &b))
-					die("post_recv");
-			}
+			for (uint64_t i = 0; i < n && i < 400; i++)
+				post_recv_at(&e, i * CHUNK, CHUNK, i);
 			sum = 0;
 			xio(c, &sum, sizeof(sum), 1); /* receives posted */
 			for (uint64_t i = 0; i < n; i++) {
@@ -302,13 +303,8 @@ static int server(int port)
 					break;
 				}
 				got++;
-				if (i + 400 < n) {
-					struct ibv_sge s = { (uintptr_t)e.buf + (i + 400) * CHUNK, CHUNK, e.mr->lkey };
-					struct ibv_recv_wr w = { .wr_id = i + 400, .sg_list = &s, .num_sge = 1 }, *b;
-
-					if (ibv_post_recv(e.qp, &w, &b))
-						die("post_recv");
-				}
+				if (i + 400 < n)
+					post_recv_at(&e, (i + 400) * CHUNK, CHUNK, i + 400);
 			}
 			sum = got == n ? fnv(e.buf, e.len, 1469598103934665603ull) : 0;
 			xio(c, &sum, sizeof(sum), 1);
@@ -362,12 +358,9 @@ static int acks_check(struct ep *e, int s, const struct info *peer)
 	xio(s, &cmd, sizeof(cmd), 1);
 	xio(s, r, sizeof(r[0]), 0);	/* the server's receives are posted */
 	for (int i = 0; i < PINGS; i++) {
-		struct ibv_sge sg = { (uintptr_t)e->buf + 64, 64, e->mr->lkey };
-		struct ibv_recv_wr w = { .sg_list = &sg, .num_sge = 1 }, *b;
 		int got = 0;
 
-		if (ibv_post_recv(e->qp, &w, &b))
-			die("post_recv");
+		post_recv_at(e, 64, 64, 0);
 		post(e, IBV_WR_SEND, 0, 64, 0, 0, (uint64_t)i);
 		while (got < 2) {	/* our SEND, then the answer */
 			wc = wait1(e);
