@@ -174,7 +174,6 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 
 	/* No responder can find the QP after this, and none still runs. */
 	ursa_loop_del(qp);
-	ursa_uqp_fini(qp);
 	pthread_mutex_lock(&ctx->qp_lock);
 	for (struct ursa_qp **pp = &ctx->qps; *pp; pp = &(*pp)->next)
 		if (*pp == qp) {
@@ -185,6 +184,9 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 	ursa_shm_qp_close(qp);
 	ursa_shm_unlisten(qp);
 	pthread_mutex_unlock(&ctx->qp_lock);
+	/* Only now: a pass (engine or application, under qp_lock) walks
+	 * ctx->qps and reads qp->udp (held ACKs, send steps). */
+	ursa_uqp_fini(qp);
 	ursa_pub_qp_free(qp);
 	atomic_fetch_sub(&qp->pd->refs, 1);
 	atomic_fetch_sub(&qp->scq->refs, 1);
