@@ -11,6 +11,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -29,6 +31,18 @@ static bool pub_enabled(void)
 	/* Requesters that may not use cross-memory attach can still use
 	 * the MRs whose pages they can map. */
 	return ursa_env_long("URSA_DIRECT", 1, 0, 1);
+}
+
+static void life_init(pthread_mutex_t *l)
+{
+	pthread_mutexattr_t a;
+
+	pthread_mutexattr_init(&a);
+	pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+	pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+	pthread_mutex_init(l, &a);
+	pthread_mutexattr_destroy(&a);
+	pthread_mutex_lock(l);
 }
 
 /* Called with pub_lock held. */
@@ -61,9 +75,18 @@ static struct ursa_pubmem *pub_get(void)
 	pub->magic = URSA_PUB_MAGIC;
 	pub->nqp = URSA_PUB_QPS;
 	pub->nmr = URSA_PUB_MRS;
+	life_init(&pub->life);
 	pub_memfd = fd;
 	pub_failed = false;
 	return pub;
+}
+
+/* Called with pub_lock held: hold the life mutex again if the thread that
+ * held it has exited (the process lives: it is calling us). */
+static void life_hold(struct ursa_pubmem *m)
+{
+	if (m && pthread_mutex_trylock(&m->life) == EOWNERDEAD)
+		pthread_mutex_consistent(&m->life);
 }
 
 int ursa_pub_fd(void)
@@ -116,6 +139,7 @@ void ursa_pub_mr_add(struct ursa_mr *mr)
 		return;
 	pthread_mutex_lock(&pub_lock);
 	m = pub_get();
+	life_hold(m);
 	if (m && !mr->pub_idx) {
 		uint32_t h = mr_hash(mr->ibv.rkey);
 
@@ -192,6 +216,7 @@ int ursa_pub_qp_slot(struct ursa_qp *qp)
 
 	pthread_mutex_lock(&pub_lock);
 	m = pub_get();
+	life_hold(m);
 	if (!m) {
 		ret = -ENOSYS;
 	} else if (qp->pub_slot && qp->pub_mem == m) {
@@ -277,6 +302,20 @@ void ursa_pub_unmap(const struct ursa_pubmem *m)
 {
 	if (m)
 		munmap((void *)m, sizeof(*m));
+}
+
+/* glibc: a mutex's futex word is its first int (bits/struct_mutex.h); the
+ * kernel's robust-futex protocol gives the word's meaning: the holder's
+ * TID, FUTEX_OWNER_DIED once the holder died. */
+_Static_assert(offsetof(pthread_mutex_t, __data.__lock) == 0,
+	       "pthread_mutex_t starts with its futex word");
+
+bool ursa_pub_alive(const struct ursa_pubmem *m)
+{
+	uint32_t w = __atomic_load_n((const uint32_t *)(const void *)&m->life,
+				     __ATOMIC_RELAXED);
+
+	return (w & FUTEX_TID_MASK) && !(w & FUTEX_OWNER_DIED);
 }
 
 bool ursa_pub_find(const struct ursa_pubmem *m, uint32_t rkey,

@@ -32,11 +32,12 @@
 #ifndef URSA_PUB_H
 #define URSA_PUB_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#define URSA_PUB_MAGIC 0x55505542u /* "UPUB" */
+#define URSA_PUB_MAGIC 0x55505532u /* "UPU2" */
 #define URSA_PUB_QPS 4096u
 #define URSA_PUB_MRS 4096u	/* power of two */
 #define URSA_PUB_PROBE 8u	/* slots a key may be placed from its hash */
@@ -64,6 +65,14 @@ struct ursa_pubmem {
 	uint32_t magic, nqp, nmr;
 	atomic_uint gen;	/* bumped at every MR removal: requesters then
 				 * drop the mappings nothing names any more */
+	/* Held by one of the owner's threads (a robust, process-shared
+	 * mutex): when that thread or the process dies, the kernel marks
+	 * its futex word (FUTEX_OWNER_DIED) before the process's sockets
+	 * close. A requester reads the word and takes the direct path only
+	 * while the owner lives: a WRITE into a dead process's pages must
+	 * not complete with success. The owner takes it back if only the
+	 * thread had died (ursa_pub_mr_add, ursa_pub_qp_slot). */
+	pthread_mutex_t life;
 	_Atomic uint64_t qp[URSA_PUB_QPS];
 	struct ursa_pub_mr mr[URSA_PUB_MRS];
 };
@@ -83,6 +92,7 @@ void ursa_pub_atfork_child(void);
 /* Requester side: map a peer's table (checked), find an rkey. */
 const struct ursa_pubmem *ursa_pub_map(int fd);
 void ursa_pub_unmap(const struct ursa_pubmem *m);
+bool ursa_pub_alive(const struct ursa_pubmem *m);
 bool ursa_pub_find(const struct ursa_pubmem *m, uint32_t rkey,
 		   struct ursa_pub_mr *out);
 

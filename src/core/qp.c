@@ -559,6 +559,9 @@ int ursa_post_send(struct ursa_qp *qp, struct ibv_send_wr *wr,
 		goto out;
 	}
 	for (; wr; wr = wr->next) {
+		/* (only while nothing of the list waits in the ring: order) */
+		if (!n && qp_state(qp) == IBV_QPS_RTS && ursa_req_direct(qp, wr))
+			continue;
 		if (n >= ursa_ring_space(&qp->sq)) {
 			ret = -ENOMEM;
 			break;

@@ -287,35 +287,39 @@ static uint64_t wqe_len(const struct ursa_send_wqe *w)
 /* Retire the head WQE: free its slot first, then post its completion, so
  * an application that reposts as soon as it sees the completion always
  * finds the slot free (rc_pingpong runs with a one-entry send queue). */
-static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
-		     enum ibv_wc_status st, uint32_t why)
+static void push_wc(struct ursa_qp *qp, uint64_t wr_id, uint32_t opcode,
+		    uint64_t len, enum ibv_wc_status st, uint32_t why)
 {
 	struct ibv_wc wc = { 0 };
-	bool signaled = st != IBV_WC_SUCCESS || (w->flags & IBV_SEND_SIGNALED) ||
-			qp->sq_sig_all;
 
-	if (w->via_udp)
-		ursa_udp_abort(qp);	/* whatever state the message left */
-	if (!signaled) {
-		ursa_ring_consume(&qp->sq, 1);
-		return;
-	}
-	wc.wr_id = w->wr_id;
+	wc.wr_id = wr_id;
 	wc.status = st;
-	wc.opcode = wc_opcode(w->opcode);
+	wc.opcode = wc_opcode(opcode);
 	wc.qp_num = qp->ex.qp_base.qp_num;
 	wc.vendor_err = st == IBV_WC_SUCCESS ? 0 : why;
-	if (w->opcode == IBV_WR_RDMA_READ)
-		wc.byte_len = (uint32_t)wqe_len(w);
-	else if (w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		 w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+	if (opcode == IBV_WR_RDMA_READ)
+		wc.byte_len = (uint32_t)len;
+	else if (opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		 opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
 		wc.byte_len = 8;
-	ursa_ring_consume(&qp->sq, 1);
 	if (ursa_cq_push(qp->scq, &wc, true) == -ENOSPC) {
 		ursa_qp_to_error(qp, false);
 		ursa_async_event(qp->ctx, IBV_EVENT_QP_FATAL,
 				 &qp->ex.qp_base);
 	}
+}
+
+static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
+		     enum ibv_wc_status st, uint32_t why)
+{
+	bool signaled = st != IBV_WC_SUCCESS || (w->flags & IBV_SEND_SIGNALED) ||
+			qp->sq_sig_all;
+
+	if (w->via_udp)
+		ursa_udp_abort(qp);	/* whatever state the message left */
+	ursa_ring_consume(&qp->sq, 1);
+	if (signaled)
+		push_wc(qp, w->wr_id, w->opcode, wqe_len(w), st, why);
 }
 
 /* Outcome of one attempt at a WQE. */
@@ -605,6 +609,109 @@ bool ursa_req_pending(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 	if (d < *deadline)
 		*deadline = d;
 	return false;
+}
+
+/*
+ * ibv_post_send's shortcut for what same-host latency hangs on: one RDMA
+ * WRITE, READ or atomic on a connected QP whose send queue is empty and
+ * whose target, in another process, the direct path (shm.c direct_xfer)
+ * can reach. The WR is carried out and completed here, without a WQE in
+ * the ring, the engine's bookkeeping or the transport-neutral request of
+ * remote_op: the data reaches the target about 100 ns sooner. Holding
+ * ctx->qp_lock with the send queue empty, nothing else runs this QP's
+ * requester, so the order of execution and completions is the queue's.
+ * Returns true when done; false when nothing happened and the WR takes the
+ * ordinary way (which also names any error: the shortcut only succeeds).
+ * Caller holds qp->sq_lock and has checked the QP is in RTS.
+ */
+bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
+{
+	bool rd = wr->opcode == IBV_WR_RDMA_READ;
+	bool at = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		  wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	bool inl = wr->send_flags & IBV_SEND_INLINE;
+	struct ursa_mem_ref refs[URSA_MAX_SGE];
+	struct ursa_sg sg[URSA_MAX_SGE];
+	struct ursa_req r = { 0 };
+	struct ursa_resp resp;
+	uint32_t nsg = 0, ns;
+	uint64_t len = 0;
+	bool ok = false;
+
+	if (qp->ex_api || !qp->chans || wr->num_sge < 0 ||
+	    (uint32_t)wr->num_sge > qp->cap.max_send_sge)
+		return false;
+	ns = (uint32_t)wr->num_sge;
+	if (qp->ex.qp_base.qp_type == IBV_QPT_UC ?
+	    wr->opcode != IBV_WR_RDMA_WRITE :
+	    qp->ex.qp_base.qp_type != IBV_QPT_RC ||
+	    (!rd && !at && wr->opcode != IBV_WR_RDMA_WRITE))
+		return false;
+	if (inl && (rd || at))
+		return false;
+	if (at && (ns != 1 || wr->sg_list[0].length != 8))
+		return false;
+	for (uint32_t i = 0; i < ns; i++)
+		len += wr->sg_list[i].length;
+	if (!len || len > URSA_MAX_MSG_SZ ||
+	    (inl && len > qp->cap.max_inline_data))
+		return false;
+	if (pthread_mutex_trylock(&qp->ctx->qp_lock))
+		return false;
+	if (ursa_ring_ready(&qp->sq))
+		goto unlock;
+	for (uint32_t i = 0; i < ns; i++) {
+		refs[i].k = NULL;
+		if (!wr->sg_list[i].length)
+			continue;
+		if (inl) {
+			/* (inline data needs no lkey: it is ours to read) */
+			sg[nsg].va = wr->sg_list[i].addr;
+		} else {
+			if (ursa_mem_local(qp->pd, &wr->sg_list[i],
+					   (rd || at) ? IBV_ACCESS_LOCAL_WRITE : 0,
+					   &refs[i]))
+				goto put;
+			sg[nsg].va = refs[i].va;
+		}
+		sg[nsg++].len = wr->sg_list[i].length;
+	}
+	r.opcode = wr->opcode;
+	r.frag = URSA_FRAG_ONLY;
+	r.msg_len = r.len = at ? 8 : len;
+	r.remote_addr = wr->wr.rdma.remote_addr;
+	r.rkey = wr->wr.rdma.rkey;
+	if (at) {
+		r.remote_addr = wr->wr.atomic.remote_addr;
+		r.rkey = wr->wr.atomic.rkey;
+		r.compare_add = wr->wr.atomic.compare_add;
+		r.swap = wr->wr.atomic.swap;
+	} else if (rd) {
+		r.dst = sg;
+		r.ndst = nsg;
+	} else {
+		r.src = sg;
+		r.nsrc = nsg;
+	}
+	if (!ursa_shm_direct(qp, NULL, &r, &resp))
+		goto put;
+	ok = true;
+	if (at) {
+		uint64_t orig = resp.atomic_orig;
+
+		/* host byte order, as the verbs API defines it */
+		memcpy((void *)refs[0].va, &orig, 8);
+	} else if (!rd) {
+		atomic_fetch_add(&qp->cnt.tx_bytes, len);
+	}
+	if ((wr->send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all)
+		push_wc(qp, wr->wr_id, wr->opcode, len, IBV_WC_SUCCESS, 0);
+put:
+	for (uint32_t i = 0; i < ns; i++)
+		ursa_mem_put(&refs[i]);
+unlock:
+	pthread_mutex_unlock(&qp->ctx->qp_lock);
+	return ok;
 }
 
 int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)

@@ -875,7 +875,7 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	    (at && (r->remote_addr & 7)))
 		return false;
 	qw = atomic_load_explicit(&m->qp[c->dslot], memory_order_acquire);
-	if ((qw & 0xffffff) != c->peer_qpn ||
+	if (!ursa_pub_alive(m) || (qw & 0xffffff) != c->peer_qpn ||
 	    (((qw >> 24) & (URSA_PUBQ_ACCEPT | need)) != (URSA_PUBQ_ACCEPT | need)))
 		return false;
 	/* Raise the flag before reading the entry: the owner removes an
@@ -933,7 +933,8 @@ bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
 {
 	uint32_t dqpn = qp->attr.dest_qp_num & 0xffffff;
 
-	if (w->inflight || w->xfer_off || qp->ex.qp_base.qp_type == IBV_QPT_UD)
+	if ((w && (w->inflight || w->xfer_off)) ||
+	    qp->ex.qp_base.qp_type == IBV_QPT_UD)
 		return false;
 	for (struct ursa_chan *c = qp->chans; c; c = c->next) {
 		if (c->peer_qpn != dqpn)

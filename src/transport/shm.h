@@ -108,8 +108,8 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		  const struct ursa_req *r, uint64_t now,
 		  struct ursa_resp *resp, uint64_t *until);
 /* The direct path (pub.h), tried before ursa_shm_step for a WQE not yet
- * in flight on a ready channel: true when it is done (resp filled). Reads
- * no clock. */
+ * in flight on a ready channel (w NULL: ursa_req_direct's WR, never
+ * queued): true when it is done (resp filled). Reads no clock. */
 bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		     const struct ursa_req *r, struct ursa_resp *resp);
 /* Whether a WQE waiting in ursa_shm_step has news. */

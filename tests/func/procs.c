@@ -448,6 +448,106 @@ static int run_write_read(enum xfer_mode mode)
 	return TEST_RESULT();
 }
 
+/*
+ * ibv_post_send's shortcut (ursa_req_direct): an inline WRITE needs no
+ * lkey; unsignaled WRs leave no completion; a list of WRITE, WRITE, READ
+ * and fetch-and-add in one call runs in order and completes in order, with
+ * the READ's data and the atomic's original value in place.
+ */
+static int test_post_shortcut(void)
+{
+	struct target_arg ta = { IBV_QPT_RC, 1 << 20, 0 };
+	struct ursa_qp_stats st;
+	struct end me;
+	struct xinfo peer;
+	struct ibv_send_wr wr[4], *bad;
+	struct ibv_sge sg[4], isg;
+	struct ibv_wc wc[4];
+	char inl[40];
+	uint64_t before, orig;
+	int sock, n = 0;
+	pid_t pid;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	/* inline: from a buffer of no MR, with no lkey */
+	for (size_t i = 0; i < sizeof(inl); i++)
+		inl[i] = (char)(i * 7 + 1);
+	isg = (struct ibv_sge){ (uintptr_t)inl, sizeof(inl), 0 };
+	memset(wr, 0, sizeof(wr));
+	wr[0].wr_id = 1;
+	wr[0].sg_list = &isg;
+	wr[0].num_sge = 1;
+	wr[0].opcode = IBV_WR_RDMA_WRITE;
+	wr[0].send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+	wr[0].wr.rdma.remote_addr = peer.addr + 256;
+	wr[0].wr.rdma.rkey = peer.rkey;
+	REQUIRE(ibv_post_send(me.qp, &wr[0], &bad) == 0);
+	memset(inl, 0, sizeof(inl));	/* inline: the buffer is free at once */
+	REQUIRE(wait_wc(me.f.cq, wc, 5000) == 1);
+	EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+	EXPECT_EQ(wc[0].wr_id, 1);
+	for (size_t i = 0; i < sizeof(inl); i++)
+		inl[i] = (char)(i * 7 + 1);
+	EXPECT_EQ(cmd(sock, CMD_SUM, 256, sizeof(inl), 0), sum(inl, sizeof(inl)));
+	/* WRITE, WRITE unsignaled; READ of what they wrote; fetch-and-add */
+	for (int i = 0; i < 128; i++)
+		me.buf[i] = (char)(i * 3 + 2);
+	before = (uint64_t)cmd(sock, CMD_GET, 1024, 0, 0);
+	memset(wr, 0, sizeof(wr));
+	for (int i = 0; i < 4; i++) {
+		wr[i].wr_id = 10 + (uint64_t)i;
+		wr[i].sg_list = &sg[i];
+		wr[i].num_sge = 1;
+		wr[i].next = i < 3 ? &wr[i + 1] : NULL;
+		wr[i].wr.rdma.rkey = peer.rkey;
+	}
+	sg[0] = (struct ibv_sge){ (uintptr_t)me.buf, 64, me.mr->lkey };
+	sg[1] = (struct ibv_sge){ (uintptr_t)me.buf + 64, 64, me.mr->lkey };
+	sg[2] = (struct ibv_sge){ (uintptr_t)me.buf + 4096, 128, me.mr->lkey };
+	sg[3] = (struct ibv_sge){ (uintptr_t)me.buf + 8192, 8, me.mr->lkey };
+	wr[0].opcode = wr[1].opcode = IBV_WR_RDMA_WRITE;
+	wr[0].wr.rdma.remote_addr = peer.addr + 512;
+	wr[1].wr.rdma.remote_addr = peer.addr + 576;
+	wr[2].opcode = IBV_WR_RDMA_READ;
+	wr[2].send_flags = IBV_SEND_SIGNALED;
+	wr[2].wr.rdma.remote_addr = peer.addr + 512;
+	wr[3].opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	wr[3].send_flags = IBV_SEND_SIGNALED;
+	wr[3].wr.atomic.remote_addr = peer.addr + 1024;
+	wr[3].wr.atomic.rkey = peer.rkey;
+	wr[3].wr.atomic.compare_add = 5;
+	REQUIRE(ibv_post_send(me.qp, &wr[0], &bad) == 0);
+	while (n < 2) {
+		int got = wait_wc(me.f.cq, wc + n, 5000);
+
+		REQUIRE(got == 1);
+		n += got;
+	}
+	EXPECT_EQ(wc[0].wr_id, 12);
+	EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+	EXPECT_EQ(wc[0].opcode, IBV_WC_RDMA_READ);
+	EXPECT_EQ(wc[0].byte_len, 128);
+	EXPECT_EQ(wc[1].wr_id, 13);
+	EXPECT_EQ(wc[1].status, IBV_WC_SUCCESS);
+	EXPECT_EQ(wc[1].opcode, IBV_WC_FETCH_ADD);
+	EXPECT_EQ(ibv_poll_cq(me.f.cq, 4, wc), 0);	/* nothing for 10, 11 */
+	EXPECT_TRUE(!memcmp(me.buf + 4096, me.buf, 128));
+	memcpy(&orig, me.buf + 8192, 8);
+	EXPECT_EQ(orig, before);
+	EXPECT_EQ((uint64_t)cmd(sock, CMD_GET, 1024, 0, 0), before + 5);
+	/* all of it went the direct way, none through the target */
+	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
+	EXPECT_EQ(st.direct_bytes, sizeof(inl) + 128 + 128);
+	EXPECT_EQ(st.map_atomics, 1);
+	EXPECT_EQ(st.ring_bytes + st.cma_bytes, 0);
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
 /* One test per mode (the harness runs functions without arguments). */
 #define MODE_TEST(name, mode) \
 	static int test_##name(void) { return run_write_read(mode); }
@@ -1303,6 +1403,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(qpn_unique_across_processes, "QPNs unique on the host"),
 	TEST_ENTRY(atomics_mapped_and_engine, "atomics in a mapped MR and through the target's engine, one counter"),
 	TEST_ENTRY(fork, "fork: child opens anew, parent keeps working"),
+	TEST_ENTRY(post_shortcut, "inline, unsignaled, and a WR list on the post shortcut"),
 };
 
 /* Helper processes: func_procs --child ROLE FD [ARGS] */
