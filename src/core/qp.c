@@ -168,6 +168,15 @@ err:
 	return ret;
 }
 
+void ursa_qp_lcache_drop(struct ursa_ctx *ctx, struct ursa_mr *mr)
+{
+	pthread_mutex_lock(&ctx->qp_lock);
+	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
+		if (qp->lcache == mr)
+			qp->lcache = NULL;
+	pthread_mutex_unlock(&ctx->qp_lock);
+}
+
 int ursa_qp_destroy(struct ursa_qp *qp)
 {
 	struct ursa_ctx *ctx = qp->ctx;

@@ -110,6 +110,27 @@ uint32_t ursa_sg_slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
 	return k;
 }
 
+/* memcpy for a few bytes, in ascending order, without the call: an 8 B
+ * WRITE's 7 bytes through glibc's memmove were a tenth of a same-host
+ * post. */
+static inline void copy_small(uint8_t *d, const uint8_t *s, uint64_t n)
+{
+	for (; n >= 8; n -= 8, d += 8, s += 8)
+		memcpy(d, s, 8);
+	if (n & 4) {
+		memcpy(d, s, 4);
+		d += 4;
+		s += 4;
+	}
+	if (n & 2) {
+		memcpy(d, s, 2);
+		d += 2;
+		s += 2;
+	}
+	if (n & 1)
+		*d = *s;
+}
+
 void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
 		  const struct ursa_sg *src, uint32_t nsrc, uint64_t len)
 {
@@ -127,7 +148,9 @@ void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
 
 		if (n == len) {
 			/* Hold the final byte back. */
-			if (n > 1)
+			if (n <= 64)
+				copy_small(dp, sp, n - 1);
+			else
 				memcpy(dp, sp, n - 1);
 			lastp = dp + n - 1;
 			lastv = sp[n - 1];
@@ -668,9 +691,9 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 			/* (inline data needs no lkey: it is ours to read) */
 			sg[nsg].va = wr->sg_list[i].addr;
 		} else {
-			if (ursa_mem_local(qp->pd, &wr->sg_list[i],
-					   (rd || at) ? IBV_ACCESS_LOCAL_WRITE : 0,
-					   &refs[i]))
+			if (ursa_mem_local_cached(qp, &wr->sg_list[i],
+					(rd || at) ? IBV_ACCESS_LOCAL_WRITE : 0,
+					&refs[i]))
 				goto put;
 			sg[nsg].va = refs[i].va;
 		}

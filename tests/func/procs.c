@@ -542,6 +542,41 @@ static int test_post_shortcut(void)
 	EXPECT_EQ(st.direct_bytes, sizeof(inl) + 128 + 128);
 	EXPECT_EQ(st.map_atomics, 1);
 	EXPECT_EQ(st.ring_bytes + st.cma_bytes, 0);
+	/* The shortcut caches the last local MR: rereg and dereg must reach
+	 * that cache. A WRITE from a second MR, the MR moved to another
+	 * buffer (same lkey), a WRITE from there; then deregistered, a WRITE
+	 * with its lkey is refused. */
+	{
+		char *b1 = calloc(1, 4096), *b2 = calloc(1, 4096);
+		struct ibv_mr *m2;
+		uint32_t lk;
+
+		REQUIRE(b1 && b2);
+		memset(b1, 0x11, 64);
+		memset(b2, 0x22, 64);
+		m2 = ibv_reg_mr(me.f.pd, b1, 4096, IBV_ACCESS_LOCAL_WRITE);
+		REQUIRE(m2);
+		lk = m2->lkey;
+		REQUIRE(post_send1(me.qp, IBV_WR_RDMA_WRITE, b1, 64, lk,
+				   peer.addr + 2048, peer.rkey, 20) == 0);
+		REQUIRE(wait_wc(me.f.cq, wc, 5000) == 1);
+		EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+		EXPECT_EQ(cmd(sock, CMD_SUM, 2048, 64, 0), sum(b1, 64));
+		REQUIRE(ibv_rereg_mr(m2, IBV_REREG_MR_CHANGE_TRANSLATION, NULL,
+				     b2, 4096, 0) == 0);
+		REQUIRE(post_send1(me.qp, IBV_WR_RDMA_WRITE, b2, 64, lk,
+				   peer.addr + 2048, peer.rkey, 21) == 0);
+		REQUIRE(wait_wc(me.f.cq, wc, 5000) == 1);
+		EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+		EXPECT_EQ(cmd(sock, CMD_SUM, 2048, 64, 0), sum(b2, 64));
+		EXPECT_EQ(ibv_dereg_mr(m2), 0);
+		REQUIRE(post_send1(me.qp, IBV_WR_RDMA_WRITE, b2, 64, lk,
+				   peer.addr + 2048, peer.rkey, 22) == 0);
+		REQUIRE(wait_wc(me.f.cq, wc, 5000) == 1);
+		EXPECT_EQ(wc[0].status, IBV_WC_LOC_PROT_ERR);
+		free(b1);
+		free(b2);
+	}
 	cmd(sock, CMD_QUIT, 0, 0, 0);
 	EXPECT_EQ(reap(pid), 0);
 	end_close(&me);
