@@ -558,9 +558,13 @@ static int fill_wqe(struct ursa_qp *qp, struct ibv_send_wr *wr,
 int ursa_post_send(struct ursa_qp *qp, struct ibv_send_wr *wr,
 		   struct ibv_send_wr **bad)
 {
+	bool list = wr && wr->next;
 	uint32_t n = 0;
 	int ret = 0;
 
+	/* One WR: the shortcut needs no sq_lock (ursa_req_direct) */
+	if (wr && !list && ursa_req_direct(qp, wr))
+		return 0;
 	pthread_mutex_lock(&qp->sq_lock);
 	if (!can_post_send(qp_state(qp))) {
 		ret = -EINVAL;
@@ -568,8 +572,8 @@ int ursa_post_send(struct ursa_qp *qp, struct ibv_send_wr *wr,
 		goto out;
 	}
 	for (; wr; wr = wr->next) {
-		/* (only while nothing of the list waits in the ring: order) */
-		if (!n && qp_state(qp) == IBV_QPS_RTS && ursa_req_direct(qp, wr))
+		/* (a list's WRs, while nothing of it waits in the ring: order) */
+		if (list && !n && ursa_req_direct(qp, wr))
 			continue;
 		if (n >= ursa_ring_space(&qp->sq)) {
 			ret = -ENOMEM;

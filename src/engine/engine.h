@@ -173,7 +173,7 @@ void ursa_rstate_drop(struct ursa_rstate *rs);
  * to the earliest time a deferred WQE becomes due. */
 int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);
 /* ibv_post_send's shortcut (req.c): true when the WR was carried out and
- * completed; false when nothing happened. Caller holds qp->sq_lock. */
+ * completed; false when nothing happened. */
 bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr);
 /* The same with the clock read only if needed: *now is 0 until then. */
 int ursa_req_process_lazy(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline);

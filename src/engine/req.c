@@ -645,7 +645,10 @@ bool ursa_req_pending(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
  * requester, so the order of execution and completions is the queue's.
  * Returns true when done; false when nothing happened and the WR takes the
  * ordinary way (which also names any error: the shortcut only succeeds).
- * Caller holds qp->sq_lock and has checked the QP is in RTS.
+ * sq_lock is not needed: the shortcut touches no ring slot, and a WR that
+ * another thread is still placing in the ring (not yet published, so the
+ * queue looks empty) was not posted before this one, its post not having
+ * returned.
  */
 bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 {
@@ -681,7 +684,7 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 		return false;
 	if (pthread_mutex_trylock(&qp->ctx->qp_lock))
 		return false;
-	if (ursa_ring_ready(&qp->sq))
+	if (qp_state(qp) != IBV_QPS_RTS || ursa_ring_ready(&qp->sq))
 		goto unlock;
 	for (uint32_t i = 0; i < ns; i++) {
 		refs[i].k = NULL;
