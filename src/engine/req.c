@@ -307,9 +307,7 @@ static uint64_t wqe_len(const struct ursa_send_wqe *w)
 	return n;
 }
 
-/* Retire the head WQE: free its slot first, then post its completion, so
- * an application that reposts as soon as it sees the completion always
- * finds the slot free (rc_pingpong runs with a one-entry send queue). */
+/* A send completion (IBTA 11.4.2.1); a CQ overrun moves the QP to ERR. */
 static void push_wc(struct ursa_qp *qp, uint64_t wr_id, uint32_t opcode,
 		    uint64_t len, enum ibv_wc_status st, uint32_t why)
 {
@@ -332,6 +330,9 @@ static void push_wc(struct ursa_qp *qp, uint64_t wr_id, uint32_t opcode,
 	}
 }
 
+/* Retire the head WQE: free its slot first, then post its completion, so
+ * an application that reposts as soon as it sees the completion always
+ * finds the slot free (rc_pingpong runs with a one-entry send queue). */
 static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 		     enum ibv_wc_status st, uint32_t why)
 {
@@ -660,7 +661,7 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 	struct ursa_sg sg[URSA_MAX_SGE];
 	struct ursa_req r;
 	struct ursa_resp resp;
-	uint32_t nsg = 0, ns;
+	uint32_t nsg = 0, ns, nref = 0;
 	uint64_t len = 0;
 	bool ok = false;
 
@@ -686,7 +687,7 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 		return false;
 	if (qp_state(qp) != IBV_QPS_RTS || ursa_ring_ready(&qp->sq))
 		goto unlock;
-	for (uint32_t i = 0; i < ns; i++) {
+	for (uint32_t i = 0; i < ns; i++, nref++) {
 		refs[i].k = NULL;
 		if (!wr->sg_list[i].length)
 			continue;
@@ -697,7 +698,7 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 			if (ursa_mem_local_cached(qp, &wr->sg_list[i],
 					(rd || at) ? IBV_ACCESS_LOCAL_WRITE : 0,
 					&refs[i]))
-				goto put;
+				goto put;	/* (refs[i] holds nothing) */
 			sg[nsg].va = refs[i].va;
 		}
 		sg[nsg++].len = wr->sg_list[i].length;
@@ -743,7 +744,7 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 	if ((wr->send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all)
 		push_wc(qp, wr->wr_id, wr->opcode, len, IBV_WC_SUCCESS, 0);
 put:
-	for (uint32_t i = 0; i < ns; i++)
+	for (uint32_t i = 0; i < nref; i++)
 		ursa_mem_put(&refs[i]);
 unlock:
 	pthread_mutex_unlock(&qp->ctx->qp_lock);

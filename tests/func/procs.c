@@ -570,10 +570,21 @@ static int test_post_shortcut(void)
 		EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
 		EXPECT_EQ(cmd(sock, CMD_SUM, 2048, 64, 0), sum(b2, 64));
 		EXPECT_EQ(ibv_dereg_mr(m2), 0);
-		REQUIRE(post_send1(me.qp, IBV_WR_RDMA_WRITE, b2, 64, lk,
-				   peer.addr + 2048, peer.rkey, 22) == 0);
+		/* two SGEs, the first with the dead lkey */
+		sg[0] = (struct ibv_sge){ (uintptr_t)b2, 32, lk };
+		sg[1] = (struct ibv_sge){ (uintptr_t)me.buf, 32, me.mr->lkey };
+		memset(wr, 0, sizeof(wr));
+		wr[0].wr_id = 22;
+		wr[0].sg_list = sg;
+		wr[0].num_sge = 2;
+		wr[0].opcode = IBV_WR_RDMA_WRITE;
+		wr[0].send_flags = IBV_SEND_SIGNALED;
+		wr[0].wr.rdma.remote_addr = peer.addr + 2048;
+		wr[0].wr.rdma.rkey = peer.rkey;
+		REQUIRE(ibv_post_send(me.qp, &wr[0], &bad) == 0);
 		REQUIRE(wait_wc(me.f.cq, wc, 5000) == 1);
 		EXPECT_EQ(wc[0].status, IBV_WC_LOC_PROT_ERR);
+		EXPECT_EQ(wc[0].wr_id, 22);
 		free(b1);
 		free(b2);
 	}
