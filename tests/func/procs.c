@@ -1217,6 +1217,8 @@ static int test_peer_death(void)
 	int sa, sb;
 	pid_t victim, other;
 	struct ibv_qp_attr attr = { .timeout = 12, .retry_cnt = 3 };
+	struct ursa_qp_stats st;
+	uint64_t direct;
 	struct ibv_wc wc;
 	long long t0, dt;
 	char name[64];
@@ -1232,8 +1234,12 @@ static int test_peer_death(void)
 	/* bad flow on the way: modify without IBV_QP_STATE is refused */
 	REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT) == EINVAL);
 	EXPECT_EQ(one_op(&a, IBV_WR_RDMA_WRITE, 0, 64, pa.addr, pa.rkey, IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(ursa_qp_stats(a.qp, &st), 0);
+	direct = st.direct_bytes;
 	kill(victim, SIGKILL);
 	EXPECT_EQ(reap(victim), 128 + SIGKILL);
+	/* No direct copy into the dead process's pages, which this process
+	 * still maps, even before our engine sees its sockets close. */
 	t0 = now_ms();
 	REQUIRE(post_send1(a.qp, IBV_WR_RDMA_WRITE, a.buf, 64, a.mr->lkey, pa.addr,
 			   pa.rkey, 9) == 0);
@@ -1242,6 +1248,8 @@ static int test_peer_death(void)
 	EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR);
 	/* to_rts uses timeout 14 (67 ms) and retry_cnt 7: 8 x 67 = 537 ms */
 	EXPECT_TRUE(dt >= 400 && dt < 3000);
+	EXPECT_EQ(ursa_qp_stats(a.qp, &st), 0);
+	EXPECT_EQ(st.direct_bytes, direct);
 	/* the other QP still works */
 	EXPECT_EQ(one_op(&b, IBV_WR_RDMA_WRITE, 0, 64, pb.addr, pb.rkey, IBV_WC_SUCCESS), 0);
 	EXPECT_EQ(cmd(sb, CMD_SUM, 0, 64, 0), sum(b.buf, 64));
