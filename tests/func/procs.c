@@ -594,6 +594,100 @@ static int test_post_shortcut(void)
 	return TEST_RESULT();
 }
 
+/*
+ * Two threads post WRITEs on one QP at once: one takes the post shortcut
+ * while the other, refused its trylock, goes through the ring, and back.
+ * Every WRITE completes once, with success, and every byte lands.
+ */
+#define MT_N 3000
+struct mt_arg {
+	struct end *e;
+	struct xinfo *peer;
+	int t;
+	atomic_long *posted, *polled;
+	int err;
+};
+
+static void *mt_poster(void *p)
+{
+	struct mt_arg *a = p;
+
+	for (int i = 0; i < MT_N; i++) {
+		size_t k = (size_t)a->t * MT_N + (size_t)i;
+		int r;
+
+		/* keep the CQ from overrunning: at most 200 unpolled */
+		while (atomic_load(a->posted) - atomic_load(a->polled) >= 200)
+			sched_yield();
+		atomic_fetch_add(a->posted, 1);
+		while ((r = post_send1(a->e->qp, IBV_WR_RDMA_WRITE,
+				       a->e->buf + (512 << 10) + k * 8, 8,
+				       a->e->mr->lkey, a->peer->addr + k * 8,
+				       a->peer->rkey, k)) == ENOMEM)
+			sched_yield();	/* the ring is full: wait */
+		if (r) {
+			a->err = r;
+			return NULL;
+		}
+	}
+	return NULL;
+}
+
+static int test_post_two_threads(void)
+{
+	struct target_arg ta = { IBV_QPT_RC, 1 << 20, 0 };
+	struct end me;
+	struct xinfo peer;
+	struct mt_arg args[2];
+	pthread_t th[2];
+	atomic_long posted = 0, polled = 0;
+	static uint8_t seen[2 * MT_N];
+	int sock, bad_status = 0, dup = 0;
+	long long t0;
+	pid_t pid;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	for (size_t k = 0; k < 2 * MT_N; k++) {
+		uint64_t v = k * 0x9e3779b97f4a7c15ull;
+
+		memcpy(me.buf + (512 << 10) + k * 8, &v, 8);
+	}
+	memset(seen, 0, sizeof(seen));
+	for (int t = 0; t < 2; t++) {
+		args[t] = (struct mt_arg){ &me, &peer, t, &posted, &polled, 0 };
+		REQUIRE(pthread_create(&th[t], NULL, mt_poster, &args[t]) == 0);
+	}
+	t0 = now_ms();
+	while (atomic_load(&polled) < 2 * MT_N && now_ms() - t0 < 20000) {
+		struct ibv_wc wc[16];
+		int n = ibv_poll_cq(me.f.cq, 16, wc);
+
+		for (int i = 0; i < n; i++) {
+			if (wc[i].status != IBV_WC_SUCCESS ||
+			    wc[i].wr_id >= 2 * MT_N)
+				bad_status++;
+			else if (seen[wc[i].wr_id]++)
+				dup++;
+		}
+		atomic_fetch_add(&polled, n);
+	}
+	for (int t = 0; t < 2; t++) {
+		pthread_join(th[t], NULL);
+		EXPECT_EQ(args[t].err, 0);
+	}
+	EXPECT_EQ(atomic_load(&polled), 2 * MT_N);
+	EXPECT_EQ(bad_status, 0);
+	EXPECT_EQ(dup, 0);
+	EXPECT_EQ(cmd(sock, CMD_SUM, 0, 2 * MT_N * 8, 0),
+		  sum(me.buf + (512 << 10), 2 * MT_N * 8));
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
 /* One test per mode (the harness runs functions without arguments). */
 #define MODE_TEST(name, mode) \
 	static int test_##name(void) { return run_write_read(mode); }
@@ -1458,6 +1552,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(atomics_mapped_and_engine, "atomics in a mapped MR and through the target's engine, one counter"),
 	TEST_ENTRY(fork, "fork: child opens anew, parent keeps working"),
 	TEST_ENTRY(post_shortcut, "inline, unsignaled, and a WR list on the post shortcut"),
+	TEST_ENTRY(post_two_threads, "two threads post on one QP: shortcut and ring at once"),
 };
 
 /* Helper processes: func_procs --child ROLE FD [ARGS] */
