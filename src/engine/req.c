@@ -338,12 +338,15 @@ static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 {
 	bool signaled = st != IBV_WC_SUCCESS || (w->flags & IBV_SEND_SIGNALED) ||
 			qp->sq_sig_all;
+	/* Read before the slot is freed: a poster may refill it at once. */
+	uint64_t wr_id = w->wr_id, len = wqe_len(w);
+	uint32_t opcode = w->opcode;
 
 	if (w->via_udp)
 		ursa_udp_abort(qp);	/* whatever state the message left */
 	ursa_ring_consume(&qp->sq, 1);
 	if (signaled)
-		push_wc(qp, w->wr_id, w->opcode, wqe_len(w), st, why);
+		push_wc(qp, wr_id, opcode, len, st, why);
 }
 
 /* Outcome of one attempt at a WQE. */
