@@ -300,46 +300,29 @@ static uint32_t crc_table(uint32_t reg, const uint8_t *p, size_t n)
  * Barrett reduction gives the register. n >= 64 and a multiple of 16;
  * the unit tests compare it with the tables on every length and offset.
  */
-__attribute__((target("pclmul,sse4.1")))
-static uint32_t crc_clmul(uint32_t reg, const uint8_t *p, size_t n)
-{
-	const __m128i k1k2 = _mm_set_epi64x(0x1c6e41596ll, 0x154442bd4ll);
-	const __m128i k3k4 = _mm_set_epi64x(0x0ccaa009ell, 0x1751997d0ll);
-	const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124ll);
-	const __m128i poly = _mm_set_epi64x(0x1f7011641ll, 0x1db710641ll);
-	const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
-	__m128i x1 = _mm_loadu_si128((const __m128i *)p);
-	__m128i x2 = _mm_loadu_si128((const __m128i *)(p + 16));
-	__m128i x3 = _mm_loadu_si128((const __m128i *)(p + 32));
-	__m128i x4 = _mm_loadu_si128((const __m128i *)(p + 48));
-	__m128i t;
-
-	x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)reg));
-	p += 64;
-	n -= 64;
 #define FOLD(x, k, next)                                                   \
 	do {                                                               \
 		__m128i h = _mm_clmulepi64_si128(x, k, 0x11);              \
 		x = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), h), \
 				  next);                                   \
 	} while (0)
-	while (n >= 64) {
-		FOLD(x1, k1k2, _mm_loadu_si128((const __m128i *)p));
-		FOLD(x2, k1k2, _mm_loadu_si128((const __m128i *)(p + 16)));
-		FOLD(x3, k1k2, _mm_loadu_si128((const __m128i *)(p + 32)));
-		FOLD(x4, k1k2, _mm_loadu_si128((const __m128i *)(p + 48)));
-		p += 64;
-		n -= 64;
-	}
-	FOLD(x1, k3k4, x2);
-	FOLD(x1, k3k4, x3);
-	FOLD(x1, k3k4, x4);
+#define K3K4 _mm_set_epi64x(0x0ccaa009ell, 0x1751997d0ll)  /* 128 bits apart */
+
+/* The 16-byte blocks left after the wide loop, then 128 -> 32 bits. */
+__attribute__((target("pclmul,sse4.1"), always_inline))
+static inline uint32_t crc_clmul_tail(__m128i x1, const uint8_t *p, size_t n)
+{
+	const __m128i k3k4 = K3K4;
+	const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124ll);
+	const __m128i poly = _mm_set_epi64x(0x1f7011641ll, 0x1db710641ll);
+	const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
+	__m128i t;
+
 	while (n >= 16) {
 		FOLD(x1, k3k4, _mm_loadu_si128((const __m128i *)p));
 		p += 16;
 		n -= 16;
 	}
-#undef FOLD
 	/* 128 -> 64 bits (this also appends 32 zero bits) */
 	t = _mm_clmulepi64_si128(k3k4, x1, 0x01);
 	x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), t);
@@ -355,12 +338,92 @@ static uint32_t crc_clmul(uint32_t reg, const uint8_t *p, size_t n)
 	return (uint32_t)_mm_extract_epi32(x1, 1);
 }
 
-static bool have_clmul;
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t crc_clmul(uint32_t reg, const uint8_t *p, size_t n)
+{
+	const __m128i k1k2 = _mm_set_epi64x(0x1c6e41596ll, 0x154442bd4ll);
+	const __m128i k3k4 = K3K4;
+	__m128i x1 = _mm_loadu_si128((const __m128i *)p);
+	__m128i x2 = _mm_loadu_si128((const __m128i *)(p + 16));
+	__m128i x3 = _mm_loadu_si128((const __m128i *)(p + 32));
+	__m128i x4 = _mm_loadu_si128((const __m128i *)(p + 48));
+
+	x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)reg));
+	p += 64;
+	n -= 64;
+	while (n >= 64) {
+		FOLD(x1, k1k2, _mm_loadu_si128((const __m128i *)p));
+		FOLD(x2, k1k2, _mm_loadu_si128((const __m128i *)(p + 16)));
+		FOLD(x3, k1k2, _mm_loadu_si128((const __m128i *)(p + 32)));
+		FOLD(x4, k1k2, _mm_loadu_si128((const __m128i *)(p + 48)));
+		p += 64;
+		n -= 64;
+	}
+	FOLD(x1, k3k4, x2);
+	FOLD(x1, k3k4, x3);
+	FOLD(x1, k3k4, x4);
+	return crc_clmul_tail(x1, p, n);
+}
+
+/*
+ * The same with 256-bit VPCLMULQDQ (AVX2 registers, two 128-bit lanes
+ * each): four registers fold 128 bytes at a time (x^(8*128+32) and
+ * x^(8*128-32) mod P), then their eight lanes merge as above. It does
+ * twice the work per instruction at the same rate: 1 KiB in about 120
+ * cycles against 220 here (Zen 3), the largest single cost of a RoCEv2
+ * packet on both sides. n >= 128 and a multiple of 16.
+ */
+__attribute__((target("pclmul,sse4.1,avx2,vpclmulqdq")))
+static uint32_t crc_vclmul(uint32_t reg, const uint8_t *p, size_t n)
+{
+	const __m256i kk = _mm256_set_epi64x(0x14a7fe880ll, 0x1e88ef372ll,
+					     0x14a7fe880ll, 0x1e88ef372ll);
+	const __m128i k3k4 = K3K4;
+	__m256i y1 = _mm256_loadu_si256((const __m256i *)p);
+	__m256i y2 = _mm256_loadu_si256((const __m256i *)(p + 32));
+	__m256i y3 = _mm256_loadu_si256((const __m256i *)(p + 64));
+	__m256i y4 = _mm256_loadu_si256((const __m256i *)(p + 96));
+	__m128i x1;
+
+	y1 = _mm256_xor_si256(y1, _mm256_zextsi128_si256(_mm_cvtsi32_si128((int)reg)));
+	p += 128;
+	n -= 128;
+#define FOLD256(y, next)                                                   \
+	do {                                                               \
+		__m256i h = _mm256_clmulepi64_epi128(y, kk, 0x11);         \
+		y = _mm256_xor_si256(_mm256_xor_si256(                     \
+			_mm256_clmulepi64_epi128(y, kk, 0x00), h), next);  \
+	} while (0)
+	while (n >= 128) {
+		FOLD256(y1, _mm256_loadu_si256((const __m256i *)p));
+		FOLD256(y2, _mm256_loadu_si256((const __m256i *)(p + 32)));
+		FOLD256(y3, _mm256_loadu_si256((const __m256i *)(p + 64)));
+		FOLD256(y4, _mm256_loadu_si256((const __m256i *)(p + 96)));
+		p += 128;
+		n -= 128;
+	}
+#undef FOLD256
+	x1 = _mm256_castsi256_si128(y1);
+	FOLD(x1, k3k4, _mm256_extracti128_si256(y1, 1));
+	FOLD(x1, k3k4, _mm256_castsi256_si128(y2));
+	FOLD(x1, k3k4, _mm256_extracti128_si256(y2, 1));
+	FOLD(x1, k3k4, _mm256_castsi256_si128(y3));
+	FOLD(x1, k3k4, _mm256_extracti128_si256(y3, 1));
+	FOLD(x1, k3k4, _mm256_castsi256_si128(y4));
+	FOLD(x1, k3k4, _mm256_extracti128_si256(y4, 1));
+	return crc_clmul_tail(x1, p, n);
+}
+#undef FOLD
+#undef K3K4
+
+static bool have_clmul, have_vclmul;
 
 static void clmul_init(void)
 {
 	have_clmul = __builtin_cpu_supports("pclmul") &&
 		     __builtin_cpu_supports("sse4.1");
+	have_vclmul = have_clmul && __builtin_cpu_supports("avx2") &&
+		      __builtin_cpu_supports("vpclmulqdq");
 }
 #endif
 
@@ -373,12 +436,26 @@ uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n)
 	if (n >= 64 && have_clmul) {
 		size_t k = n & ~(size_t)15;
 
-		reg = crc_clmul(reg, p, k);
+		reg = k >= 128 && have_vclmul ? crc_vclmul(reg, p, k) :
+						crc_clmul(reg, p, k);
 		p += k;
 		n -= k;
 	}
 #endif
 	return crc_table(reg, p, n);
+}
+
+/* For the tests: the 128-bit method for every length (off), or back to
+ * the best one the CPU has (on). */
+void roce_crc32_wide(bool on)
+{
+	roce_crc32_raw(0, NULL, 0);	/* CPU features read */
+#if defined(__x86_64__) && !defined(URSA_NO_CLMUL)
+	have_vclmul = on && __builtin_cpu_supports("avx2") &&
+		      __builtin_cpu_supports("vpclmulqdq");
+#else
+	(void)on;
+#endif
 }
 
 /* For the tests: the table method alone. */

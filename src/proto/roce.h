@@ -109,6 +109,7 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n);
 /* The same by tables only (the tests compare the two). */
 uint32_t roce_crc32_raw_table(uint32_t reg, const uint8_t *p, size_t n);
+void roce_crc32_wide(bool on);	/* tests: 256-bit method off/on */
 
 /*
  * ICRC of a RoCEv2 packet (IBTA 7.8.1, annex A17.3.3): CRC-32 over 8 bytes

@@ -80,24 +80,28 @@ static int test_icrc_v4_id_delta(void)
 	return TEST_RESULT();
 }
 
-/* Every length and offset: the carry-less multiplication path (when the
- * CPU has it) agrees with the tables. */
+/* Every length and offset: the carry-less multiplication paths (those
+ * the CPU has: 128-bit, then 256-bit) agree with the tables. */
 static int test_crc_methods_agree(void)
 {
-	static uint8_t buf[2048 + 16];
-	uint32_t bad = 0;
+	static uint8_t buf[4200 + 16];
+	uint32_t bad[2] = { 0, 0 };
 
 	for (size_t i = 0; i < sizeof(buf); i++)
 		buf[i] = (uint8_t)(i * 131 + (i >> 5));
-	for (size_t off = 0; off < 16; off += 3)
-		for (size_t n = 0; n <= 2048; n += (n < 300 ? 1 : 37)) {
-			uint32_t reg = (uint32_t)(n * 2654435761u);
+	for (int wide = 0; wide < 2; wide++) {
+		roce_crc32_wide(wide);
+		for (size_t off = 0; off < 16; off += 3)
+			for (size_t n = 0; n <= 4200; n += (n < 600 ? 1 : 37)) {
+				uint32_t reg = (uint32_t)(n * 2654435761u);
 
-			if (roce_crc32_raw(reg, buf + off, n) !=
-			    roce_crc32_raw_table(reg, buf + off, n))
-				bad++;
-		}
-	EXPECT_EQ(bad, 0);
+				if (roce_crc32_raw(reg, buf + off, n) !=
+				    roce_crc32_raw_table(reg, buf + off, n))
+					bad[wide]++;
+			}
+	}
+	EXPECT_EQ(bad[0], 0);
+	EXPECT_EQ(bad[1], 0);
 	return TEST_RESULT();
 }
 
