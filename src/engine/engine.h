@@ -52,6 +52,7 @@ struct ursa_engine {
 	bool udp_watched;	/* RoCEv2 side set in epfd (under the udp lock) */
 	bool udp_gone;		/* the context left RoCEv2 (under the udp lock) */
 	uint64_t spin_ns;
+	uint64_t spin_max_ns;	/* URSA_SPIN_MAX_US: the adapted spin's bound */
 	struct ursa_chan *served;  /* channels whose target QP is ours */
 	struct ursa_chan *grave;   /* closed, freed at the next pass */
 	struct ursa_watch *grave_watches;
