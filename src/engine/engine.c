@@ -160,7 +160,7 @@ static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns)
 {
 	static atomic_bool no_pwait2;
 	struct epoll_event ev[32];
-	bool other = false;
+	bool other = false, chan = false;
 	int n = -1;
 
 	if (timeout_ns != UINT64_MAX && timeout_ns % 1000000 &&
@@ -181,28 +181,34 @@ static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns)
 		n = epoll_wait(e->epfd, ev, 32, timeout_ns == UINT64_MAX ? -1 :
 			       (int)MIN(timeout_ns / 1000000, (uint64_t)INT32_MAX));
 	}
-	for (int i = 0; i < n && !other; i++)
-		other = ((struct ursa_watch *)ev[i].data.ptr)->kind != URSA_W_UDP;
-	if (!other)
-		return false;	/* RoCEv2 readiness: the next pass receives */
-	pthread_mutex_lock(&e->ctx->qp_lock);
+	/* RoCEv2 readiness: the next pass receives. A doorbell is read here,
+	 * without the context's lock (an application thread that rang it
+	 * is likely in a pass, holding it); the channels' events take it. */
 	for (int i = 0; i < n; i++) {
 		struct ursa_watch *w = ev[i].data.ptr;
 
-		if (w->kind == URSA_W_UDP)
-			continue;
 		if (w->kind == URSA_W_DOORBELL) {
 			uint64_t v;
 
 			if (read(e->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
 				ursa_err("engine doorbell read: %s",
 					 strerror(errno));
-			continue;
+			other = true;
+		} else if (w->kind != URSA_W_UDP) {
+			chan = true;
 		}
-		ursa_shm_event(e, w, ev[i].events);
+	}
+	if (!chan)
+		return other;
+	pthread_mutex_lock(&e->ctx->qp_lock);
+	for (int i = 0; i < n; i++) {
+		struct ursa_watch *w = ev[i].data.ptr;
+
+		if (w->kind != URSA_W_UDP && w->kind != URSA_W_DOORBELL)
+			ursa_shm_event(e, w, ev[i].events);
 	}
 	pthread_mutex_unlock(&e->ctx->qp_lock);
-	return other;
+	return true;
 }
 
 static uint64_t tick(struct ursa_engine *e, uint64_t now, uint64_t deadline)
