@@ -413,6 +413,64 @@ static uint32_t crc_vclmul(uint32_t reg, const uint8_t *p, size_t n)
 	FOLD(x1, k3k4, _mm256_extracti128_si256(y4, 1));
 	return crc_clmul_tail(x1, p, n);
 }
+
+/* crc_vclmul that also stores what it reads at dst (the copy rides along
+ * with the folding, which is bound by the multiplier, not by loads and
+ * stores): the sender's packet is built and its ICRC computed in one pass
+ * over the MR. n >= 128 and a multiple of 16; dst and src do not overlap. */
+__attribute__((target("pclmul,sse4.1,avx2,vpclmulqdq")))
+static uint32_t crc_vclmul_copy(uint32_t reg, uint8_t *dst, const uint8_t *p,
+				size_t n)
+{
+	const __m256i kk = _mm256_set_epi64x(0x14a7fe880ll, 0x1e88ef372ll,
+					     0x14a7fe880ll, 0x1e88ef372ll);
+	const __m128i k3k4 = K3K4;
+	__m256i y1 = _mm256_loadu_si256((const __m256i *)p);
+	__m256i y2 = _mm256_loadu_si256((const __m256i *)(p + 32));
+	__m256i y3 = _mm256_loadu_si256((const __m256i *)(p + 64));
+	__m256i y4 = _mm256_loadu_si256((const __m256i *)(p + 96));
+	__m128i x1;
+	size_t rest;
+
+	_mm256_storeu_si256((__m256i *)dst, y1);
+	_mm256_storeu_si256((__m256i *)(dst + 32), y2);
+	_mm256_storeu_si256((__m256i *)(dst + 64), y3);
+	_mm256_storeu_si256((__m256i *)(dst + 96), y4);
+	y1 = _mm256_xor_si256(y1, _mm256_zextsi128_si256(_mm_cvtsi32_si128((int)reg)));
+	p += 128;
+	dst += 128;
+	n -= 128;
+#define FOLD256(y, off)                                                    \
+	do {                                                               \
+		__m256i d = _mm256_loadu_si256((const __m256i *)(p + off)); \
+		__m256i h = _mm256_clmulepi64_epi128(y, kk, 0x11);         \
+		_mm256_storeu_si256((__m256i *)(dst + off), d);            \
+		y = _mm256_xor_si256(_mm256_xor_si256(                     \
+			_mm256_clmulepi64_epi128(y, kk, 0x00), h), d);     \
+	} while (0)
+	while (n >= 128) {
+		FOLD256(y1, 0);
+		FOLD256(y2, 32);
+		FOLD256(y3, 64);
+		FOLD256(y4, 96);
+		p += 128;
+		dst += 128;
+		n -= 128;
+	}
+#undef FOLD256
+	x1 = _mm256_castsi256_si128(y1);
+	FOLD(x1, k3k4, _mm256_extracti128_si256(y1, 1));
+	FOLD(x1, k3k4, _mm256_castsi256_si128(y2));
+	FOLD(x1, k3k4, _mm256_extracti128_si256(y2, 1));
+	FOLD(x1, k3k4, _mm256_castsi256_si128(y3));
+	FOLD(x1, k3k4, _mm256_extracti128_si256(y3, 1));
+	FOLD(x1, k3k4, _mm256_castsi256_si128(y4));
+	FOLD(x1, k3k4, _mm256_extracti128_si256(y4, 1));
+	/* the last 16-byte blocks: copied, then folded from the copy */
+	rest = n;
+	memcpy(dst, p, rest);
+	return crc_clmul_tail(x1, dst, rest);
+}
 #undef FOLD
 #undef K3K4
 
@@ -427,11 +485,11 @@ static void clmul_init(void)
 }
 #endif
 
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
 uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n)
 {
-	static pthread_once_t once = PTHREAD_ONCE_INIT;
-
-	pthread_once(&once, crc_init);
+	pthread_once(&crc_once, crc_init);
 #if defined(__x86_64__) && !defined(URSA_NO_CLMUL)
 	if (n >= 64 && have_clmul) {
 		size_t k = n & ~(size_t)15;
@@ -443,6 +501,23 @@ uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n)
 	}
 #endif
 	return crc_table(reg, p, n);
+}
+
+uint32_t roce_crc32_copy(uint32_t reg, void *dst, const void *src, size_t n)
+{
+	pthread_once(&crc_once, crc_init);
+#if defined(__x86_64__) && !defined(URSA_NO_CLMUL)
+	if (n >= 128 && have_vclmul) {
+		size_t k = n & ~(size_t)15;
+
+		reg = crc_vclmul_copy(reg, dst, src, k);
+		dst = (uint8_t *)dst + k;
+		src = (const uint8_t *)src + k;
+		n -= k;
+	}
+#endif
+	memcpy(dst, src, n);
+	return roce_crc32_raw(reg, dst, n);
 }
 
 /* For the tests: the 128-bit method for every length (off), or back to
@@ -476,18 +551,15 @@ uint32_t roce_crc32_raw_table(uint32_t reg, const uint8_t *p, size_t n)
  * is the same as a zero start with the first four bytes inverted (those
  * are LRH bytes: ones, inverted to zeros).
  */
-uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
-		   const uint8_t *ib, size_t ib_len)
+uint32_t roce_icrc_start(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
+			 const uint8_t *bth)
 {
 	/* IPv4: 16 + 8 + 20 + 8 + 12 = 64; IPv6: 12 + 8 + 40 + 8 + 12 = 80 */
 	uint8_t blk[80];
 	size_t lead = ip_len == 20 ? 16 : 12;
 	uint8_t *hdr = blk + lead + 8;
-	uint32_t reg;
 	size_t n = 0;
 
-	if ((ip_len != 20 && ip_len != 40) || ib_len < ROCE_BTH_LEN)
-		return 0;
 	memset(blk, 0, lead + 4);
 	memset(blk + lead + 4, 0xff, 4);
 	memcpy(hdr, ip, ip_len);
@@ -504,12 +576,19 @@ uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 	memcpy(hdr + n, udp, 8);
 	hdr[n + 6] = hdr[n + 7] = 0xff;		/* UDP checksum */
 	n += 8;
-	memcpy(hdr + n, ib, ROCE_BTH_LEN);
+	memcpy(hdr + n, bth, ROCE_BTH_LEN);
 	hdr[n + 4] = 0xff;			/* FECN, BECN, reserved */
 	n += ROCE_BTH_LEN;
-	reg = roce_crc32_raw(0, blk, lead + 8 + n);
-	reg = roce_crc32_raw(reg, ib + ROCE_BTH_LEN, ib_len - ROCE_BTH_LEN);
-	return ~reg;
+	return roce_crc32_raw(0, blk, lead + 8 + n);
+}
+
+uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
+		   const uint8_t *ib, size_t ib_len)
+{
+	if ((ip_len != 20 && ip_len != 40) || ib_len < ROCE_BTH_LEN)
+		return 0;
+	return ~roce_crc32_raw(roce_icrc_start(ip, ip_len, udp, ib),
+			       ib + ROCE_BTH_LEN, ib_len - ROCE_BTH_LEN);
 }
 
 uint32_t roce_icrc_v4_id_delta(size_t ib_len, uint16_t id)

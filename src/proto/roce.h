@@ -110,6 +110,8 @@ uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n);
 /* The same by tables only (the tests compare the two). */
 uint32_t roce_crc32_raw_table(uint32_t reg, const uint8_t *p, size_t n);
 void roce_crc32_wide(bool on);	/* tests: 256-bit method off/on */
+/* memcpy(dst, src, n) and roce_crc32_raw(reg, dst, n) in one pass */
+uint32_t roce_crc32_copy(uint32_t reg, void *dst, const void *src, size_t n);
 
 /*
  * ICRC of a RoCEv2 packet (IBTA 7.8.1, annex A17.3.3): CRC-32 over 8 bytes
@@ -121,6 +123,12 @@ void roce_crc32_wide(bool on);	/* tests: 256-bit method off/on */
  */
 uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 		   const uint8_t *ib, size_t ib_len);
+/* The ICRC in two steps, for a packet whose payload is copied in while
+ * its ICRC is computed: the register after the masked headers (ip_len 20
+ * or 40), to be continued by roce_crc32_raw/roce_crc32_copy over the rest
+ * of the packet (from the byte after the BTH) and inverted. */
+uint32_t roce_icrc_start(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
+			 const uint8_t *bth);
 void roce_icrc_put(uint8_t *dst, uint32_t icrc);
 uint32_t roce_icrc_get(const uint8_t *src);
 

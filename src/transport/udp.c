@@ -1062,7 +1062,7 @@ static void delay_flush(uint64_t now, bool all)
 /* Send one transport packet (ib, len without ICRC room filled) from the
  * QP's socket; computes the ICRC; applies injected faults. */
 static void tx_one(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
-		   uint8_t *ib, size_t len, uint8_t ttl)
+		   uint8_t *ib, size_t len, uint8_t ttl, bool have_icrc)
 {
 	uint8_t ip[40], udp[8];
 	struct sockaddr_storage to;
@@ -1073,9 +1073,11 @@ static void tx_one(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 
 	if (fd < 0 || is_v4(src) != is_v4(dst))
 		return;
-	hl = ip_udp(ip, udp, src, dst, u->sport, U.port, len, ttl);
 	atomic_fetch_add(&u->qp->cnt.pkts_tx, 1);
-	roce_icrc_put(ib + len - 4, roce_icrc(ip, hl, udp, ib, len - 4));
+	if (!have_icrc) {
+		hl = ip_udp(ip, udp, src, dst, u->sport, U.port, len, ttl);
+		roce_icrc_put(ib + len - 4, roce_icrc(ip, hl, udp, ib, len - 4));
+	}
 	capture(src, dst, u->sport, U.port, ib, len);
 	atomic_fetch_add(&ursa_udp_cnt.tx_pkts, 1);
 	atomic_fetch_add(&ursa_udp_cnt.tx_bytes, len);
@@ -1175,7 +1177,7 @@ void ursa_udp_ack_exit(struct ursa_qp *qp)
  * atomic ACK): PSN order. Called with u->lock held.
  */
 static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
-	       uint8_t *ib, size_t len, uint8_t ttl)
+	       uint8_t *ib, size_t len, uint8_t ttl, bool have_icrc)
 {
 	uint8_t moved[MAX_PKT];
 
@@ -1187,7 +1189,7 @@ static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 		}
 		ack_emit(u, true);
 	}
-	tx_one(u, src, dst, ib, len, ttl);
+	tx_one(u, src, dst, ib, len, ttl, have_icrc);
 }
 
 /* --- per-QP state ------------------------------------------------------------ */
@@ -1332,7 +1334,8 @@ static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, const addr_t *to,
 	p.orig = orig;
 	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
 	if (n > 0)
-		tx(u, from, to, buf, (size_t)n, qp->attr.ah_attr.grh.hop_limit);
+		tx(u, from, to, buf, (size_t)n, qp->attr.ah_attr.grh.hop_limit,
+		   false);
 	if ((syn & AETH_TYPE_MASK) == AETH_NAK)
 		atomic_fetch_add(&ursa_udp_cnt.naks_sent, 1);
 }
@@ -1498,17 +1501,14 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	uint32_t len = (uint32_t)MIN((uint64_t)u->m.mtu, r->msg_len - off);
 	bool first = k == 0, last = k + 1 == u->m.npkts;
 	bool ud = qp->ex.qp_base.qp_type == IBV_QPT_UD;
-	struct ursa_sg part[URSA_MAX_SGE], d;
-	uint8_t *pay;
+	struct ursa_sg part[URSA_MAX_SGE];
+	uint8_t *pay, ttl;
 	int n;
 
 	if (r->msg_len == 0)
 		len = 0;
 	p.opcode = (uint8_t)(transport_bits(qp) | req_opcode(r->opcode, first, last, false));
 	pay = buf + roce_hdr_len(p.opcode);
-	d = (struct ursa_sg){ (uintptr_t)pay, len };
-	if (len)
-		ursa_sg_copy(&d, 1, part, ursa_sg_slice(r->src, r->nsrc, off, len, part), len);
 	p.pkey = ROCE_DEFAULT_PKEY;
 	p.dqpn = ud ? w->remote_qpn : qp->attr.dest_qp_num;
 	p.psn = psn_add(u->m.first, k);
@@ -1527,9 +1527,30 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	p.imm = r->imm;
 	p.qkey = r->qkey;
 	p.sqpn = qp->ex.qp_base.qp_num;
+	/* the headers and the pad, then the payload and the ICRC together */
 	n = roce_build(buf, MAX_PKT, &p, pay, len);
-	if (n > 0)
-		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64);
+	if (n <= 0)
+		return;
+	ttl = r->hop_limit ? r->hop_limit : 64;
+	if (is_v4(src) == is_v4(dst)) {
+		uint8_t ip[40], udp[8];
+		size_t hl = ip_udp(ip, udp, src, dst, u->sport, U.port, (size_t)n, ttl);
+		uint32_t reg = roce_icrc_start(ip, hl, udp, buf), np = 0;
+		uint8_t *at = pay;
+
+		reg = roce_crc32_raw(reg, buf + ROCE_BTH_LEN,
+				     (size_t)(pay - buf) - ROCE_BTH_LEN);
+		if (len)
+			np = ursa_sg_slice(r->src, r->nsrc, off, len, part);
+		for (uint32_t i = 0; i < np; i++) {
+			reg = roce_crc32_copy(reg, at, (const void *)(uintptr_t)part[i].va,
+					      part[i].len);
+			at += part[i].len;
+		}
+		reg = roce_crc32_raw(reg, at, (size_t)(buf + n - 4 - at));	/* pad */
+		roce_icrc_put(buf + n - 4, ~reg);
+	}
+	tx(u, src, dst, buf, (size_t)n, ttl, true);
 }
 
 /* Time one first-sent packet at a time; a retransmission cancels the
@@ -1596,7 +1617,8 @@ static void send_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 				 (uint64_t)(u->m.sent - u->m.acked) * u->m.mtu);
 	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
 	if (n > 0)
-		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64);
+		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64,
+		   false);
 }
 
 static void send_atomic(struct ursa_qp *qp, struct ursa_uqp *u,
@@ -1623,7 +1645,8 @@ static void send_atomic(struct ursa_qp *qp, struct ursa_uqp *u,
 	}
 	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
 	if (n > 0)
-		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64);
+		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64,
+		   false);
 }
 
 static uint64_t timeout_ns(struct ursa_qp *qp)
@@ -2001,7 +2024,8 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 		o.msn = u->msn;
 		b = roce_build(buf, MAX_PKT, &o, data, len);
 		if (b > 0)
-			tx(u, me, peer, buf, (size_t)b, qp->attr.ah_attr.grh.hop_limit);
+			tx(u, me, peer, buf, (size_t)b,
+			   qp->attr.ah_attr.grh.hop_limit, false);
 	}
 }
 
