@@ -114,19 +114,22 @@ static int test_crc_copy(void)
 
 	for (size_t i = 0; i < sizeof(src); i++)
 		src[i] = (uint8_t)(i * 7 + (i >> 7));
-	for (size_t off = 0; off < 16; off += 5)
-		for (size_t n = 0; n <= 4200; n += (n < 300 ? 1 : 41)) {
-			uint32_t reg = (uint32_t)(n * 2246822519u);
+	for (int wide = 0; wide < 2; wide++) {
+		roce_crc32_wide(wide);
+		for (size_t off = 0; off < 16; off += 5)
+			for (size_t n = 0; n <= 4200; n += (n < 300 ? 1 : 41)) {
+				uint32_t reg = (uint32_t)(n * 2246822519u);
 
-			memset(dst, 0xa5, sizeof(dst));
-			if (roce_crc32_copy(reg, dst + 3, src + off, n) !=
-			    roce_crc32_raw_table(reg, src + off, n))
-				bad_crc++;
-			if (memcmp(dst + 3, src + off, n))
-				bad_copy++;
-			if (dst[2] != 0xa5 || dst[3 + n] != 0xa5)
-				bad_guard++;
-		}
+				memset(dst, 0xa5, sizeof(dst));
+				if (roce_crc32_copy(reg, dst + 3, src + off, n) !=
+				    roce_crc32_raw_table(reg, src + off, n))
+					bad_crc++;
+				if (memcmp(dst + 3, src + off, n))
+					bad_copy++;
+				if (dst[2] != 0xa5 || dst[3 + n] != 0xa5)
+					bad_guard++;
+			}
+	}
 	EXPECT_EQ(bad_crc, 0);
 	EXPECT_EQ(bad_copy, 0);
 	EXPECT_EQ(bad_guard, 0);
