@@ -1059,8 +1059,9 @@ static void delay_flush(uint64_t now, bool all)
 	pthread_mutex_unlock(&U.fault_lock);
 }
 
-/* Send one transport packet (ib, len without ICRC room filled) from the
- * QP's socket; computes the ICRC; applies injected faults. */
+/* Send one transport packet (ib, len with the ICRC's room) from the QP's
+ * socket; computes the ICRC unless the builder did (have_icrc: see
+ * send_data_pkt); applies injected faults. */
 static void tx_one(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 		   uint8_t *ib, size_t len, uint8_t ttl, bool have_icrc)
 {
@@ -1532,7 +1533,7 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	if (n <= 0)
 		return;
 	ttl = r->hop_limit ? r->hop_limit : 64;
-	if (is_v4(src) == is_v4(dst)) {
+	if (is_v4(src) == is_v4(dst)) {	/* (else tx_one sends nothing) */
 		uint8_t ip[40], udp[8];
 		size_t hl = ip_udp(ip, udp, src, dst, u->sport, U.port, (size_t)n, ttl);
 		uint32_t reg = roce_icrc_start(ip, hl, udp, buf), np = 0;
