@@ -94,7 +94,7 @@ static int pass(struct ursa_ctx *ctx, uint64_t now, uint64_t *deadline,
 	/* (The transports complete a QP's own requests before they deliver
 	 * a peer's request that its answer preceded: ursa_shm_serve and
 	 * on_packet in udp.c; docs/design.md "Completion order".) */
-	work += ursa_shm_serve(ctx->eng) + ursa_udp_poll(engine);
+	work += ursa_shm_serve(ctx->eng) + ursa_udp_poll();
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
 		work += ursa_req_process(qp, now, deadline) +
 			ursa_udp_acks(qp, now, deadline, engine);
@@ -126,6 +126,14 @@ int ursa_engine_progress(struct ursa_ctx *ctx)
 	work = pass(ctx, now, &deadline, false);
 	pthread_mutex_unlock(&ctx->qp_lock);
 	atomic_store_explicit(&e->app_pass_ns, now, memory_order_relaxed);
+	/* (peers read it: written when it moved by a microsecond or more,
+	 * so that a thread polling in a loop does not take the line back
+	 * from them at every poll) */
+	if (!e->forked &&	/* (a fork child's ctl is the parent's) */
+	    now - atomic_load_explicit(&e->ctl->app_poll_ns,
+				       memory_order_relaxed) >= 1000)
+		atomic_store_explicit(&e->ctl->app_poll_ns, now,
+				      memory_order_relaxed);
 	if (work > 0)
 		atomic_store_explicit(&e->active_ns, now, memory_order_relaxed);
 	atomic_fetch_add_explicit(&e->inline_passes, 1, memory_order_relaxed);
@@ -194,7 +202,9 @@ static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns)
 				ursa_err("engine doorbell read: %s",
 					 strerror(errno));
 			other = true;
-		} else if (w->kind != URSA_W_UDP) {
+		} else if (w->kind == URSA_W_UDP) {
+			ursa_udp_wake();
+		} else {
 			chan = true;
 		}
 	}
@@ -290,6 +300,7 @@ static void *engine_main(void *arg)
 		}
 		deadline = tick(e, now, deadline);
 		atomic_store(&e->sleep_until, deadline);
+		atomic_store(&e->ctl->wake_by, deadline);
 		atomic_store(&e->ctl->sleeping, 1);
 		atomic_thread_fence(memory_order_seq_cst);
 		if (!any_pending(e, ursa_now_ns(), &deadline) &&
@@ -320,6 +331,7 @@ static void *engine_main(void *arg)
 				if (quiet && until > now + e->quiet_cur)
 					until = now + e->quiet_cur;
 				atomic_store(&e->sleep_until, until);
+				atomic_store(&e->ctl->wake_by, until);
 				t0 = now;
 				other = handle_events(e, until == UINT64_MAX ?
 						      UINT64_MAX : until > now ?
@@ -407,7 +419,7 @@ int ursa_engine_start(struct ursa_ctx *ctx)
 		goto err;
 	}
 	e->ctl->magic = 0x5552534cu;
-	e->ctl->version = 1;
+	e->ctl->version = 2;
 	e->ctl->pid = getpid();
 	if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->efd, &ev)) {
 		ret = -errno;

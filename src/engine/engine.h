@@ -28,6 +28,12 @@ struct ursa_ctl {
 	uint32_t version;
 	atomic_int sleeping;	/* 1 while blocked (or about to block) */
 	int32_t pid;
+	/* version 2: while sleeping, when the engine wakes by itself
+	 * (CLOCK_MONOTONIC ns; UINT64_MAX: not before a doorbell) */
+	atomic_uint_fast64_t wake_by;
+	/* the last pass an application thread ran (ursa_engine_progress),
+	 * on a line of its own: that thread writes it, peers read it */
+	_Alignas(64) atomic_uint_fast64_t app_poll_ns;
 };
 
 struct ursa_chan;

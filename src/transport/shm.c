@@ -285,19 +285,52 @@ static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
 	ursa_rstate_drop(&c->rs);
 }
 
+/*
+ * The doorbell is skipped when the peer's engine sleeps but an application
+ * thread of the peer polled in the last URSA_RING_APP_US (50 µs; 0 turns
+ * the skip off) and the engine wakes by itself within RING_WAKE_NS: that
+ * thread's next pass serves the ring (a
+ * same-host SEND ping-pong paid a write(2) and an engine wake-up per
+ * message, most of its latency). If the application stops polling just
+ * then, the request waits for the engine's own wake-up: at most
+ * RING_WAKE_NS (its tick while there is work is 1 ms), never unbounded.
+ */
+#define RING_WAKE_NS 2000000ull
+
+static uint64_t ring_app_ns(void)
+{
+	static atomic_uint_fast64_t v;	/* 0: not read yet; else value + 1 */
+	uint64_t x = atomic_load_explicit(&v, memory_order_relaxed);
+
+	if (!x) {
+		x = (uint64_t)ursa_env_long("URSA_RING_APP_US", 50, 0, 1000000) *
+		    1000 + 1;
+		atomic_store_explicit(&v, x, memory_order_relaxed);
+	}
+	return x - 1;
+}
+
 static void ring_peer(struct ursa_chan *c)
 {
-	uint64_t one = 1;
+	uint64_t one = 1, now;
 
 	/* Pairs with the peer engine's fence between setting "sleeping"
-	 * and its last look at the rings (engine.c). */
+	 * (after wake_by) and its last look at the rings (engine.c). */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (c->peer_ctl && c->peer_efd >= 0 &&
-	    atomic_load_explicit(&c->peer_ctl->sleeping, memory_order_relaxed)) {
-		if (write(c->peer_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-			ursa_dbg("doorbell to pid %d: %s", (int)c->peer_pid,
-				 strerror(errno));
-	}
+	if (!c->peer_ctl || c->peer_efd < 0 ||
+	    !atomic_load_explicit(&c->peer_ctl->sleeping, memory_order_acquire))
+		return;
+	/* (acquire: the wake_by the engine stored before "sleeping") */
+	now = ursa_now_ns();
+	if (c->peer_ctl->version >= 2 &&
+	    now - atomic_load_explicit(&c->peer_ctl->app_poll_ns,
+				       memory_order_relaxed) < ring_app_ns() &&
+	    atomic_load_explicit(&c->peer_ctl->wake_by, memory_order_relaxed) <
+	    now + RING_WAKE_NS)
+		return;
+	if (write(c->peer_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		ursa_dbg("doorbell to pid %d: %s", (int)c->peer_pid,
+			 strerror(errno));
 }
 
 /* --- requester side ------------------------------------------------------ */

@@ -788,6 +788,11 @@ bool ursa_udp_live(void)
 	return atomic_load_explicit(&U.live, memory_order_relaxed);
 }
 
+void ursa_udp_wake(void)
+{
+	atomic_store_explicit(&U.live, true, memory_order_relaxed);
+}
+
 /*
  * While an application thread polls (its passes read the RoCEv2 sockets
  * once there is traffic), an engine asleep on the same sockets is woken
@@ -2481,17 +2486,19 @@ static int poll_sock(int fd, bool v6)
 	return total;
 }
 
-int ursa_udp_poll(bool engine)
+int ursa_udp_poll(void)
 {
 	int total = 0;
 
 	if (delay_n)
 		delay_flush(ursa_now_ns(), false);
-	/* A pass on an application's thread (ibv_post_send, ibv_poll_cq)
-	 * skips the receive sockets until this process has RoCEv2 traffic:
-	 * same-host work should not pay system calls for them. The engine
-	 * sleeps in epoll on them, so a first packet still gets in. */
-	if (!engine && !atomic_load_explicit(&U.live, memory_order_relaxed))
+	/* A pass skips the receive sockets until this process has RoCEv2
+	 * traffic: same-host work should not pay system calls for them (the
+	 * engine's passes of a same-host SEND ping-pong made 500 000 empty
+	 * epoll_wait calls a second). The engine watches them in its epoll
+	 * set, asleep or every EVENT_POLL_NS while busy, and a first packet
+	 * marks the process live there (ursa_udp_wake). */
+	if (!atomic_load_explicit(&U.live, memory_order_relaxed))
 		return 0;
 	if (U.fd < 0 || pthread_mutex_trylock(&U.rx))
 		return 0;

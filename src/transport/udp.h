@@ -28,9 +28,12 @@ struct ursa_uqp;
 int ursa_udp_start(struct ursa_ctx *ctx);
 void ursa_udp_ctx_gone(struct ursa_ctx *ctx);
 /* Receive and process what is waiting; returns packets handled. */
-int ursa_udp_poll(bool engine);
+int ursa_udp_poll(void);
 /* Whether application passes read the RoCEv2 sockets (there was traffic). */
 bool ursa_udp_live(void);
+/* The engine saw a RoCEv2 socket readable: passes read the sockets from
+ * now on (until then they skip them). */
+void ursa_udp_wake(void);
 /* Add (on) or remove the RoCEv2 sockets in an engine's epoll set. */
 void ursa_udp_engine_watch(struct ursa_engine *e, bool on);
 int ursa_udp_fd(void);
