@@ -46,6 +46,7 @@ struct ursa_engine {
 	int ctl_fd;		/* memfd of the ctl page */
 	struct ursa_ctl *ctl;
 	atomic_int stop;
+	atomic_int started;	/* the thread runs engine_main (see start) */
 	bool forked;		/* a copy inherited by a fork child */
 	/* while asleep: when the engine will wake by itself (0 = awake);
 	 * application threads that set an earlier timer must wake it */

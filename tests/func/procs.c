@@ -1635,9 +1635,17 @@ static int test_fork(void)
 		    to_rts(c.qp, parent.qpn, ALL_REMOTE))
 			_exit(51);
 		memset(c.buf, 'k', 4096);
-		if (one_op(&c, IBV_WR_RDMA_WRITE, 0, 4096, parent.addr, parent.rkey,
-			   IBV_WC_SUCCESS))
-			_exit(52);
+		{
+			int r = one_op(&c, IBV_WR_RDMA_WRITE, 0, 4096, parent.addr,
+				       parent.rkey, IBV_WC_SUCCESS);
+
+			if (r) {
+				fprintf(stderr, "    child: WRITE to the parent: %s\n",
+					r == -1 ? "post failed" : r == -2 ?
+					"no completion in 10 s" : "bad status");
+				_exit(52);
+			}
+		}
 		end_close(&c);
 		/* its copy of the parent's registered buffer is its own:
 		 * this must not show in the parent */
