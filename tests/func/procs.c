@@ -1220,37 +1220,73 @@ static int test_last_byte_last_processes(void)
 	return TEST_RESULT();
 }
 
-/* A process blocked in ibv_get_cq_event wakes for a SEND and for a
- * WRITE with immediate from another process. */
+/* A waiter's end: an RC QP with a completion channel, connected to the
+ * peer whose info comes over sock. 0, or the child's exit code. */
+static int waiter_open(struct end *e, int sock, struct xinfo *me)
+{
+	struct xinfo peer;
+
+	if (end_open(e, IBV_QPT_RC, 1 << 20, true))
+		return 40;
+	info_of(e, me);
+	if (xsend(sock, me) || xrecv(sock, &peer) ||
+	    to_rts(e->qp, peer.qpn, ALL_REMOTE))
+		return 41;
+	return 0;
+}
+
+/*
+ * A process blocked in ibv_get_cq_event wakes for a SEND and for a WRITE
+ * with immediate from another process (role "waiter").
+ *
+ * Role "poll_waiter" (test skipped_doorbell_bounded): the doorbell a
+ * poster skips (transport/shm.c ring_peer). While the target's application
+ * polls, a SEND rings no doorbell, and the target's next poll serves it.
+ * This waiter polls, tells the requester to go, and at once blocks in
+ * ibv_get_cq_event instead: the SEND arrives soon after its last poll.
+ * Round 0 first idles 200 ms, so that its engine's next wake-up is far
+ * (its next timer, tens of milliseconds away, or none): it must be rung;
+ * round 1 follows at once (the engine wakes by itself within a
+ * millisecond, and a skipped ring costs at most that). Each answer tells
+ * how long the event took (addr, ns).
+ */
 static int waiter_main(int sock, void *varg)
 {
+	bool poll_first = varg != NULL;
 	struct end e;
-	struct xinfo me, peer, rep;
+	struct xinfo me, rep;
 	struct ibv_cq *cq;
 	void *cctx;
 	struct ibv_wc wc;
+	int ret;
 
-	(void)varg;
-	if (end_open(&e, IBV_QPT_RC, 1 << 20, true))
-		return 40;
-	info_of(&e, &me);
-	if (xsend(sock, &me) || xrecv(sock, &peer) ||
-	    to_rts(e.qp, peer.qpn, ALL_REMOTE))
-		return 41;
+	if ((ret = waiter_open(&e, sock, &me)))
+		return ret;
 	for (int i = 0; i < 2; i++) {
+		struct timespec a, b;
+
 		if (post_recv1(e.qp, e.buf, 4096, e.mr->lkey, (uint64_t)i) ||
 		    ibv_req_notify_cq(e.f.cq, 0))
 			return 42;
+		if (poll_first && i == 0)
+			usleep(200000);
+		for (long long t0 = now_ms(); poll_first && now_ms() - t0 < 5;)
+			if (ibv_poll_cq(e.f.cq, 1, &wc) != 0)
+				return 47;	/* nothing was sent yet */
+		clock_gettime(CLOCK_MONOTONIC, &a);
 		if (xsend(sock, &me))	/* armed: go ahead */
 			return 43;
 		if (ibv_get_cq_event(e.ch, &cq, &cctx))
 			return 44;
+		clock_gettime(CLOCK_MONOTONIC, &b);
 		ibv_ack_cq_events(cq, 1);
 		if (ibv_poll_cq(cq, 1, &wc) != 1 || wc.status)
 			return 45;
 		memset(&rep, 0, sizeof(rep));
 		rep.value = wc.opcode;
 		rep.rkey = wc.wc_flags & IBV_WC_WITH_IMM ? be32toh(wc.imm_data) : 0;
+		rep.addr = (uint64_t)((b.tv_sec - a.tv_sec) * 1000000000ll +
+				      (b.tv_nsec - a.tv_nsec));
 		if (xsend(sock, &rep))
 			return 46;
 	}
@@ -1300,64 +1336,6 @@ static int test_channel_wakeup_across_processes(void)
 	EXPECT_EQ(reap(pid), 0);
 	end_close(&me);
 	return TEST_RESULT();
-}
-
-/*
- * The doorbell a poster skips (transport/shm.c ring_peer): while the
- * target's application polls, a SEND rings no doorbell, and the target's
- * next poll serves it. The poller here polls, tells the requester to go,
- * and at once blocks in ibv_get_cq_event instead: the SEND arrives soon
- * after its last poll. Round 0 first idles 200 ms, so that its
- * engine sleeps with no timer (it must then be rung, or it would sleep
- * forever); round 1 follows at once (the engine wakes by itself within a
- * millisecond, and the skipped ring costs at most that). Each round's
- * event must come, and soon.
- */
-static int poll_waiter_main(int sock, void *varg)
-{
-	struct end e;
-	struct xinfo me, peer, rep;
-	struct ibv_cq *cq;
-	void *cctx;
-	struct ibv_wc wc;
-
-	(void)varg;
-	if (end_open(&e, IBV_QPT_RC, 1 << 20, true))
-		return 40;
-	info_of(&e, &me);
-	if (xsend(sock, &me) || xrecv(sock, &peer) ||
-	    to_rts(e.qp, peer.qpn, ALL_REMOTE))
-		return 41;
-	for (int i = 0; i < 2; i++) {
-		long long t0;
-		struct timespec a, b;
-
-		if (post_recv1(e.qp, e.buf, 4096, e.mr->lkey, (uint64_t)i) ||
-		    ibv_req_notify_cq(e.f.cq, 0))
-			return 42;
-		if (i == 0)
-			usleep(200000);
-		for (t0 = now_ms(); now_ms() - t0 < 5;)
-			if (ibv_poll_cq(e.f.cq, 1, &wc) != 0)
-				return 43;	/* nothing was sent yet */
-		clock_gettime(CLOCK_MONOTONIC, &a);
-		if (xsend(sock, &me))	/* go */
-			return 44;
-		if (ibv_get_cq_event(e.ch, &cq, &cctx))
-			return 45;
-		clock_gettime(CLOCK_MONOTONIC, &b);
-		ibv_ack_cq_events(cq, 1);
-		if (ibv_poll_cq(cq, 1, &wc) != 1 || wc.status)
-			return 46;
-		memset(&rep, 0, sizeof(rep));
-		rep.value = wc.opcode;
-		rep.addr = (uint64_t)((b.tv_sec - a.tv_sec) * 1000000000ll +
-				      (b.tv_nsec - a.tv_nsec));
-		if (xsend(sock, &rep))
-			return 47;
-	}
-	end_close(&e);
-	return 0;
 }
 
 /* The requester of skipped_doorbell_bounded, in a process of its own (the
@@ -1728,7 +1706,7 @@ static int child_main(int argc, char **argv)
 	if (!strcmp(argv[2], "waiter"))
 		return waiter_main(sock, NULL);
 	if (!strcmp(argv[2], "poll_waiter"))
-		return poll_waiter_main(sock, NULL);
+		return waiter_main(sock, argv[2]);
 	if (!strcmp(argv[2], "poll_sender"))
 		return poll_sender_main(sock, NULL);
 	return 99;
