@@ -532,8 +532,8 @@ uint32_t roce_crc32_raw_table(uint32_t reg, const uint8_t *p, size_t n)
  * is the same as a zero start with the first four bytes inverted (those
  * are LRH bytes: ones, inverted to zeros).
  */
-uint32_t roce_icrc_start(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
-			 const uint8_t *bth)
+static uint32_t icrc_start(const uint8_t *ip, size_t ip_len,
+			   const uint8_t *udp, const uint8_t *bth)
 {
 	/* IPv4: 16 + 8 + 20 + 8 + 12 = 64; IPv6: 12 + 8 + 40 + 8 + 12 = 80 */
 	uint8_t blk[80];
@@ -566,10 +566,31 @@ uint32_t roce_icrc_start(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 		   const uint8_t *ib, size_t ib_len)
 {
-	if ((ip_len != 20 && ip_len != 40) || ib_len < ROCE_BTH_LEN)
+	return roce_icrc_fill(ip, ip_len, udp, (uint8_t *)ib, ib_len, ib_len,
+			      NULL, 0);
+}
+
+uint32_t roce_icrc_fill(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
+			uint8_t *ib, size_t ib_len, size_t pay_off,
+			const struct iovec *src, unsigned int nsrc)
+{
+	uint32_t reg;
+	uint8_t *at = ib + pay_off;
+
+	if ((ip_len != 20 && ip_len != 40) || ib_len < ROCE_BTH_LEN ||
+	    pay_off < ROCE_BTH_LEN || pay_off > ib_len)
 		return 0;
-	return ~roce_crc32_raw(roce_icrc_start(ip, ip_len, udp, ib),
-			       ib + ROCE_BTH_LEN, ib_len - ROCE_BTH_LEN);
+	reg = icrc_start(ip, ip_len, udp, ib);
+	reg = roce_crc32_raw(reg, ib + ROCE_BTH_LEN, pay_off - ROCE_BTH_LEN);
+	for (unsigned int i = 0; i < nsrc; i++) {
+		size_t n = src[i].iov_len;
+
+		if (n > (size_t)(ib + ib_len - at))
+			n = (size_t)(ib + ib_len - at);	/* (never past ib_len) */
+		reg = roce_crc32_copy(reg, at, src[i].iov_base, n);
+		at += n;
+	}
+	return ~roce_crc32_raw(reg, at, (size_t)(ib + ib_len - at));
 }
 
 uint32_t roce_icrc_v4_id_delta(size_t ib_len, uint16_t id)

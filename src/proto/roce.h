@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define ROCE_UDP_PORT 4791
 #define ROCE_BTH_LEN 12
@@ -123,12 +124,14 @@ uint32_t roce_crc32_copy(uint32_t reg, void *dst, const void *src, size_t n);
  */
 uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 		   const uint8_t *ib, size_t ib_len);
-/* The ICRC in two steps, for a packet whose payload is copied in while
- * its ICRC is computed: the register after the masked headers (ip_len 20
- * or 40), to be continued by roce_crc32_raw/roce_crc32_copy over the rest
- * of the packet (from the byte after the BTH) and inverted. */
-uint32_t roce_icrc_start(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
-			 const uint8_t *bth);
+/* roce_icrc of a packet whose payload is gathered in as its ICRC is
+ * computed, in one pass: the pieces src[0..nsrc) are copied to ib +
+ * pay_off, one after the other (never past ib_len), and the ICRC covers
+ * ib[0..ib_len) as it then stands (headers before pay_off, pad after the
+ * pieces, as built). */
+uint32_t roce_icrc_fill(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
+			uint8_t *ib, size_t ib_len, size_t pay_off,
+			const struct iovec *src, unsigned int nsrc);
 void roce_icrc_put(uint8_t *dst, uint32_t icrc);
 uint32_t roce_icrc_get(const uint8_t *src);
 

@@ -289,11 +289,11 @@ static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
  * The doorbell is skipped when the peer's engine sleeps but an application
  * thread of the peer polled in the last URSA_RING_APP_US (50 µs; 0 turns
  * the skip off) and the engine wakes by itself within RING_WAKE_NS: that
- * thread's next pass serves the ring (a
- * same-host SEND ping-pong paid a write(2) and an engine wake-up per
- * message, most of its latency). If the application stops polling just
- * then, the request waits for the engine's own wake-up: at most
- * RING_WAKE_NS (its tick while there is work is 1 ms), never unbounded.
+ * thread's next pass serves the ring (a same-host SEND ping-pong paid a
+ * write(2) and an engine wake-up per message, most of its latency). If
+ * the application stops polling just then, the request waits for the
+ * engine's own wake-up: at most RING_WAKE_NS (its tick while there is
+ * work is 1 ms), never unbounded.
  */
 #define RING_WAKE_NS 2000000ull
 

@@ -1541,20 +1541,15 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	if (is_v4(src) == is_v4(dst)) {	/* (else tx_one sends nothing) */
 		uint8_t ip[40], udp[8];
 		size_t hl = ip_udp(ip, udp, src, dst, u->sport, U.port, (size_t)n, ttl);
-		uint32_t reg = roce_icrc_start(ip, hl, udp, buf), np = 0;
-		uint8_t *at = pay;
+		struct iovec v[URSA_MAX_SGE];
+		uint32_t np = len ? ursa_sg_slice(r->src, r->nsrc, off, len, part) : 0;
 
-		reg = roce_crc32_raw(reg, buf + ROCE_BTH_LEN,
-				     (size_t)(pay - buf) - ROCE_BTH_LEN);
-		if (len)
-			np = ursa_sg_slice(r->src, r->nsrc, off, len, part);
-		for (uint32_t i = 0; i < np; i++) {
-			reg = roce_crc32_copy(reg, at, (const void *)(uintptr_t)part[i].va,
-					      part[i].len);
-			at += part[i].len;
-		}
-		reg = roce_crc32_raw(reg, at, (size_t)(buf + n - 4 - at));	/* pad */
-		roce_icrc_put(buf + n - 4, ~reg);
+		for (uint32_t i = 0; i < np; i++)
+			v[i] = (struct iovec){ (void *)(uintptr_t)part[i].va,
+					       part[i].len };
+		roce_icrc_put(buf + n - 4,
+			      roce_icrc_fill(ip, hl, udp, buf, (size_t)n - 4,
+					     (size_t)(pay - buf), v, np));
 	}
 	tx(u, src, dst, buf, (size_t)n, ttl, true);
 }
