@@ -162,7 +162,7 @@ static int test_icrc_published_vectors(void)
  * packet it leaves, whatever the pieces; a piece past the end is cut. */
 static int test_icrc_fill(void)
 {
-	static uint8_t src[3000], a[1100], b[1100];
+	static uint8_t src[3100], a[1100], b[1100];
 	uint8_t ip[20] = { 0x45, 0, 0x04, 0x30, 0, 0, 0x40, 0, 64, 17, 0, 0,
 			   10, 0, 0, 1, 10, 0, 0, 2 };
 	uint8_t udp[8] = { 0xc0, 0x00, 0x12, 0xb7, 0x04, 0x1c, 0, 0 };
