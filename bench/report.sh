@@ -248,6 +248,8 @@ S="$OUT/samehost.csv"; H="$OUT/hosts.csv"; U="$OUT/ucx.csv"
 	echo "|---|---|---|---|"
 	row "8 B WRITE one way, one host" "$(get "$S" '$1=="lat"&&$2=="write"' 5)" µs \
 		"$(get "$S" '$1=="lat"&&$2=="write"' 7)" "cache-line ping-pong"
+	row "8 B WRITE one way, one host" "$(get "$S" '$1=="limit2"&&$2=="write"' 5)" µs \
+		"$(get "$S" '$1=="limit2"&&$2=="write"' 7)" "two-line ping-pong (the WRITE's pattern, no ursa)"
 	row "8 B WRITE one way, one host" "$(get "$S" '$1=="floor"&&$2=="cma_write"' 5)" µs \
 		"$(get "$S" '$1=="floor"&&$2=="cma_write"' 7)" "one 8 B process_vm_writev (floor)"
 	row "8 B SEND one way, one host" "$(get "$S" '$1=="lat"&&$2=="send"' 5)" µs \

@@ -7,7 +7,9 @@
  *   bench/samehost [--quick] [--csv FILE]
  *
  * Latency: 8-byte WRITE one way (both sides spin on the last byte of their
- * buffer, as perftest's ib_write_lat does: half the round trip), SEND one
+ * buffer and poll the completion between post and spin, as perftest's
+ * ib_write_lat does: half the round trip; next to the one-line ping-pong,
+ * the same pattern with two lines and no ursa), SEND one
  * way (half a SEND ping-pong), READ and fetch-and-add round trips. Median
  * and p99 over the iterations, after a warm-up.
  * Bandwidth: WRITE and READ from 4 KiB to 64 MiB with one QP and with four
@@ -94,22 +96,34 @@ static double memcpy_gbs(size_t sz)
 	return bytes / t / 1e3;
 }
 
-/* One-way latency of a cache line bouncing between two processes. */
-static void pingpong_limit(double *med, double *p99)
+/*
+ * One-way latency of a cache line bouncing between two processes. lines 1:
+ * both write and spin on one line (the classic ping-pong: the limit the
+ * targets name). lines 2: the pattern of a WRITE ping-pong without ursa:
+ * each side spins on the last byte of a line of its own and places 8
+ * bytes in the other's (7, then the last with release order, as ursa's
+ * direct path does), so each one-way trip moves a line that the reader
+ * holds and must lose first. The two figures bracket what the WRITE
+ * latency can reach; ursa's own work is the distance to the second.
+ */
+static void pingpong_limit(int lines, double *med, double *p99)
 {
 	const int n = quick ? 2000 : 20000;
-	volatile uint64_t *line = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-				       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	volatile uint8_t *pg = mmap(NULL, 8192, PROT_READ | PROT_WRITE,
+				    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	/* with two lines, on two pages, as two MRs would be */
+	volatile uint64_t *a = (volatile uint64_t *)pg;
+	volatile uint64_t *b = (volatile uint64_t *)(pg + (lines == 2 ? 4096 : 0));
 	double *v = calloc((size_t)n, sizeof(double));
 	pid_t pid;
 
-	line[0] = 0;
+	*a = *b = 0;
 	pid = fork();
 	if (pid == 0) {
 		for (uint64_t i = 1; i <= (uint64_t)n * 2; i += 2) {
-			while (line[0] != i)
+			while (*b != i)
 				;
-			line[0] = i + 1;
+			*a = i + 1;
 		}
 		_exit(0);
 	}
@@ -117,15 +131,15 @@ static void pingpong_limit(double *med, double *p99)
 		uint64_t x = 2 * (uint64_t)i + 1;
 		double t0 = now_us();
 
-		line[0] = x;
-		while (line[0] != x + 1)
+		*b = x;
+		while (*a != x + 1)
 			;
 		v[i] = (now_us() - t0) / 2;
 	}
 	waitpid(pid, NULL, 0);
 	pct(v, n, med, p99);
 	free(v);
-	munmap((void *)line, 4096);
+	munmap((void *)pg, 8192);
 }
 
 /*
@@ -372,10 +386,12 @@ static void lat_write(struct side *s, struct info *t, int sock, int n,
 
 		s->buf[BUFSZ / 4 + 7] = (char)i;
 		post(s, 0, IBV_WR_RDMA_WRITE, BUFSZ / 4, 8, t->addr, t->rkey, 1);
+		/* The completion before the spin, as ib_write_lat and the
+		 * peer poll: after it, the poll would delay the next post. */
+		wait_n(s, 1);
 		while (*last != (char)i)
 			;
 		v[i - 1] = (now_us() - t0) / 2;
-		wait_n(s, 1);
 	}
 	xfer(sock, &c, 1, 0);
 	pct(v + n / 10, n - n / 10, med, p99);
@@ -468,7 +484,7 @@ int main(int argc, char **argv)
 	struct info me, t;
 	int sv[2];
 	pid_t pid;
-	double m, p, pm, pp, fm, fp;
+	double m, p, pm, pp, pm2, pp2, fm, fp;
 	FILE *csv = NULL;
 	const int nlat = quick ? 2000 : 20000;
 
@@ -482,9 +498,12 @@ int main(int argc, char **argv)
 	}
 	printf("ursa same-host benchmark%s: 2 processes, %ld CPUs\n",
 	       quick ? " (quick)" : "", sysconf(_SC_NPROCESSORS_ONLN));
-	pingpong_limit(&pm, &pp);
+	pingpong_limit(1, &pm, &pp);
 	printf("\nlimit: cache-line ping-pong between processes, one way: "
 	       "median %.2f us, p99 %.2f us\n", pm, pp);
+	pingpong_limit(2, &pm2, &pp2);
+	printf("  the same with two lines (a WRITE ping-pong's pattern, no ursa): "
+	       "median %.2f us, p99 %.2f us\n", pm2, pp2);
 	cma_floor(&fm, &fp);
 	printf("floor: one process_vm_writev of 8 B into another process: "
 	       "median %.2f us, p99 %.2f us\n", fm, fp);
@@ -515,12 +534,13 @@ int main(int argc, char **argv)
 	if (csv)
 		fprintf(csv, "kind,op,size,qps,value,unit,limit,ratio\n");
 	lat_write(&s, &t, sv[0], lat_only ? lat_only : nlat, &m, &p);
-	printf("  8 B WRITE, one way       %8.2f %8.2f   %6.2fx   (%.2fx the syscall floor)\n",
-	       m, p, m / pm, m / fm);
+	printf("  8 B WRITE, one way       %8.2f %8.2f   %6.2fx   (%.2fx the two-line pattern, %.2fx the syscall floor)\n",
+	       m, p, m / pm, m / pm2, m / fm);
 	if (lat_only)
 		return 0;
 	if (csv) {
 		fprintf(csv, "lat,write,8,1,%.3f,us,%.3f,%.3f\n", m, pm, m / pm);
+		fprintf(csv, "limit2,write,8,1,%.3f,us,%.3f,%.3f\n", m, pm2, m / pm2);
 		fprintf(csv, "floor,cma_write,8,1,%.3f,us,%.3f,%.3f\n", m, fm, m / fm);
 	}
 	lat_send(&s, sv[0], nlat / 2, &m, &p);
