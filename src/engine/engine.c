@@ -115,7 +115,7 @@ static void rearm(struct ursa_engine *e, uint64_t deadline)
 		ursa_err("doorbell: %s", strerror(errno));
 }
 
-int ursa_engine_progress(struct ursa_ctx *ctx)
+int ursa_engine_progress(struct ursa_ctx *ctx, bool polling)
 {
 	struct ursa_engine *e = ctx->eng;
 	uint64_t deadline = UINT64_MAX, now;
@@ -130,7 +130,7 @@ int ursa_engine_progress(struct ursa_ctx *ctx)
 	/* (peers read it: written when it moved by a microsecond or more,
 	 * so that a thread polling in a loop does not take the line back
 	 * from them at every poll) */
-	if (!e->forked &&	/* (a fork child's ctl is the parent's) */
+	if (polling && !e->forked &&	/* (a fork child's ctl is the parent's) */
 	    now - atomic_load_explicit(&e->ctl->app_poll_ns,
 				       memory_order_relaxed) >= 1000)
 		atomic_store_explicit(&e->ctl->app_poll_ns, now,
@@ -140,6 +140,39 @@ int ursa_engine_progress(struct ursa_ctx *ctx)
 	atomic_fetch_add_explicit(&e->inline_passes, 1, memory_order_relaxed);
 	rearm(e, deadline);
 	return work;
+}
+
+/*
+ * An application thread armed a CQ: it is about to block, so it no longer
+ * counts as a poller. A poster that skipped our doorbell because it had
+ * polled (shm.c ring_peer) may have left a request that no pass would
+ * serve before the engine's own wake-up, up to 2 ms later: the engine is
+ * rung for it here. The store to app_poll_ns and the look at the rings
+ * are ordered by a seq_cst fence that pairs with the poster's, between its
+ * req_tail store and its load of app_poll_ns: either the poster sees the
+ * 0 and rings, or we see its request.
+ */
+void ursa_engine_app_blocks(struct ursa_ctx *ctx)
+{
+	struct ursa_engine *e = ctx->eng;
+	bool pending = true;
+
+	if (!e || e->forked)
+		return;
+	if (atomic_load_explicit(&e->ctl->app_poll_ns, memory_order_relaxed))
+		atomic_store_explicit(&e->ctl->app_poll_ns, 0,
+				      memory_order_relaxed);
+	atomic_thread_fence(memory_order_seq_cst);
+	if (!atomic_load_explicit(&e->ctl->sleeping, memory_order_relaxed))
+		return;	/* (an awake engine looks at the rings again) */
+	/* The served channels change under the lock; when another pass
+	 * holds it, ring rather than wait. */
+	if (!pthread_mutex_trylock(&ctx->qp_lock)) {
+		pending = ursa_shm_serve_pending(e);
+		pthread_mutex_unlock(&ctx->qp_lock);
+	}
+	if (pending)
+		ursa_engine_kick(e);
 }
 
 int ursa_engine_progress_qp(struct ursa_qp *qp)

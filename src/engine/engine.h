@@ -83,9 +83,12 @@ void ursa_engine_kick(struct ursa_engine *e);
 extern __thread struct ursa_ctx *ursa_pass_ctx;
 /* One engine pass on the calling (application) thread, if the engine is
  * not in the middle of one: ibv_poll_cq and ibv_post_send make progress
- * themselves instead of waiting for a context switch. Returns the work
- * done, or -EBUSY. */
-int ursa_engine_progress(struct ursa_ctx *ctx);
+ * themselves instead of waiting for a context switch. polling: the caller
+ * polls a CQ it has not armed, so it will be back soon (peers may skip
+ * our doorbell, shm.c ring_peer). Returns the work done, or -EBUSY. */
+int ursa_engine_progress(struct ursa_ctx *ctx, bool polling);
+/* ibv_req_notify_cq: the calling thread is about to block. */
+void ursa_engine_app_blocks(struct ursa_ctx *ctx);
 /* Only this QP's send queue (a post): no receiving, no serving. */
 int ursa_engine_progress_qp(struct ursa_qp *qp);
 

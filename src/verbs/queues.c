@@ -73,14 +73,20 @@ int uv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	 * wait for it to be scheduled (two busy pollers on two cores would
 	 * otherwise starve the engines). */
 	if (got == 0 && n > 0 &&
-	    ursa_engine_progress(to_uctx(cq->context)) > 0)
+	    ursa_engine_progress(to_uctx(cq->context),
+				 !__atomic_load_n(&to_ucq(cq)->armed,
+						  __ATOMIC_RELAXED)) > 0)
 		got = ursa_cq_poll(to_ucq(cq), n, wc);
 	return got;
 }
 
 int uv_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
-	return ret_errno(ursa_cq_arm(to_ucq(cq), solicited_only));
+	int ret = ursa_cq_arm(to_ucq(cq), solicited_only);
+
+	if (!ret)
+		ursa_engine_app_blocks(to_uctx(cq->context));
+	return ret_errno(ret);
 }
 
 EXPORT int ibv_get_cq_event(struct ibv_comp_channel *c, struct ibv_cq **cq,
