@@ -212,6 +212,10 @@ struct ursa_send_wqe {
 	bool inflight;		   /* shm: request pushed, awaiting answer */
 	bool connecting;	   /* shm: waiting for the channel */
 	bool via_udp;		   /* the target is on another host */
+	bool piped;		   /* udp: sent whole, waiting for its ACK
+				    * behind others (udp.c, pipelining) */
+	bool refused;		   /* ... refused before it left behind the
+				    * head: it completes as the head */
 	uint64_t xfer_off;	   /* shm: bytes of the message acknowledged */
 	uint64_t deadline_ns;	   /* shm: when the answer is overdue */
 	struct ibv_sge sge[URSA_MAX_SGE];

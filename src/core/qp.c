@@ -476,11 +476,18 @@ void ursa_sq_publish(struct ursa_qp *qp, uint32_t n)
 	if (ursa_engine_progress_qp(qp) >= 0) {
 		struct ursa_send_wqe *w;
 
-		if (!ursa_ring_ready(&qp->sq))
+		uint32_t ready = ursa_ring_ready(&qp->sq);
+
+		if (!ready)
 			return;
-		w = ursa_ring_peek(&qp->sq);
-		if (w->started && ursa_ring_ready(&qp->sq) == 1)
-			return;	/* in flight: its answer rings our doorbell */
+		/* the newest started: all are in flight (RoCEv2 runs
+		 * several at once), their answers ring our doorbell */
+		w = ursa_ring_slot(&qp->sq,
+				   atomic_load_explicit(&qp->sq.head,
+							memory_order_relaxed) +
+				   ready - 1);
+		if (w->started)
+			return;
 	}
 	ursa_engine_kick(qp->ctx->eng);
 }

@@ -343,7 +343,7 @@ static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 	uint32_t opcode = w->opcode;
 
 	if (w->via_udp)
-		ursa_udp_abort(qp);	/* whatever state the message left */
+		ursa_udp_abort(qp, w);	/* whatever state the message left */
 	ursa_ring_consume(&qp->sq, 1);
 	if (signaled)
 		push_wc(qp, wr_id, opcode, len, st, why);
@@ -606,12 +606,58 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		 ursa_why_str(a->why));
 }
 
+/*
+ * Pipelining on the RoCEv2 transport (udp.c): the WQEs behind the head may
+ * go out before its ACK. visit: run the one being sent (more packets) and
+ * each that may start, until one may not. !visit: only tell whether one
+ * may start.
+ */
+static bool pipe_walk(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
+		      bool visit)
+{
+	uint32_t n = ursa_ring_ready(&qp->sq);
+	uint32_t head = atomic_load_explicit(&qp->sq.head, memory_order_relaxed);
+
+	for (uint32_t k = 1; k < n; k++) {
+		struct ursa_send_wqe *w = ursa_ring_slot(&qp->sq, head + k);
+		int in = ursa_udp_inflight(qp, w);
+		struct attempt a = { 0 };
+
+		if (in == 1)
+			continue;	/* sent whole: waits for its ACK */
+		if (!in && (w->refused || !ursa_udp_can_start(qp, w)))
+			return false;
+		if (!visit) {
+			if (in)
+				continue;
+			return true;
+		}
+		if (!w->started) {
+			w->started = true;
+			w->rnr_left = qp->attr.rnr_retry;
+			w->retry_left = qp->attr.retry_cnt;
+		}
+		remote_op(qp, w, now, &a);
+		/* Refused before it left (a local error): it completes as
+		 * the head, in order; until then it holds the rest back. */
+		if (a.done) {
+			w->refused = true;
+			return false;
+		}
+		w->not_before_ns = a.retry_at;
+		if (a.retry_at < *deadline)
+			*deadline = a.retry_at;
+	}
+	return false;
+}
+
 /* A started WQE waits for a timer or, on the same-host transport, for an
  * answer or the channel. */
 static bool wqe_due(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 {
 	if (w->via_udp && w->inflight)
-		return ursa_udp_ready(qp, w, now);
+		return ursa_udp_ready(qp, w, now) ||
+		       pipe_walk(qp, NULL, NULL, false);
 	if (w->inflight || w->connecting)
 		return ursa_shm_ready(qp, w, now);
 	return w->not_before_ns <= now;
@@ -794,6 +840,11 @@ int ursa_req_process_lazy(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline)
 			w->not_before_ns = a.retry_at;
 			if (a.retry_at < *deadline)
 				*deadline = a.retry_at;
+			if (w->via_udp) {
+				ursa_udp_tx_hold(true);
+				pipe_walk(qp, now, deadline, true);
+				ursa_udp_tx_hold(false);
+			}
 			break;
 		}
 		complete(qp, w, a.st, a.why);

@@ -3,11 +3,12 @@
  * udp.c - RoCEv2 over UDP between hosts (design in udp.h and
  * docs/design.md). IPv4 GIDs only for now.
  *
- * Requester: the WQE at the head of a QP's send queue is one message in
- * flight (messages of a QP run in order). It is cut into path-MTU packets
- * with consecutive PSNs and sent in a window of 256 packets; the responder's
- * cumulative ACKs move the window, a PSN-sequence NAK or the ACK timeout
- * sends again from the first unacknowledged packet (go-back-N).
+ * Requester: each WQE of a QP's send queue is a message, cut into path-MTU
+ * packets with consecutive PSNs and sent in a window of up to 256 packets;
+ * WRITEs and SENDs follow each other without waiting for their ACKs (see
+ * pipe_op). The responder's cumulative ACKs move the window, a PSN-sequence
+ * NAK or the ACK timeout sends again from the first unacknowledged packet
+ * (go-back-N).
  *
  * Responder: packets are checked (length, opcode, ICRC, destination QP,
  * source address for connected QPs, PSN) and then executed by the same
@@ -36,6 +37,8 @@
 #define WINDOW 256		/* packets in flight per QP, at most */
 #define WINDOW_MIN 16		/* ... and at least, after losses */
 #define ACKREQ_EVERY 64
+#define URSA_UDP_PIPE 32	/* messages in flight per QP before the newest */
+#define PIPE(u, i) (&(u)->pipe_ring[((u)->pipe_head + (i)) % URSA_UDP_PIPE])
 #define MAX_PKT (4096 + 128)
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
@@ -150,12 +153,24 @@ struct ursa_uqp {
 		bool progress;	/* acknowledged something since last look */
 		uint32_t rerequested;	/* READ: re-asked from this packet */
 		uint32_t hiwat;	/* packets ever sent (beyond: first sends) */
-		bool timing;	/* one packet's round trip being timed */
-		uint32_t t_idx;
-		uint64_t t_sent;
 		struct ursa_sg dst[URSA_MAX_SGE];
 		uint32_t ndst;
 	} m;
+	/* requester: messages sent whole before m and waiting for their ACK,
+	 * oldest first (pipelining: ursa_udp_can_start) */
+	struct upipe {
+		struct ursa_send_wqe *wqe;
+		uint32_t op, first, npkts, mtu, acked;
+		uint64_t len;
+		bool done;
+	} pipe_ring[URSA_UDP_PIPE];	/* PIPE(u, i): the i-th oldest */
+	uint32_t pipe_head, pipe_n;
+	uint32_t pipe_out;	/* their packets not yet acknowledged */
+	uint8_t pipe_nak;	/* a NAK's syndrome for the oldest one ... */
+	uint32_t pipe_nak_psn;	/* ... and its PSN */
+	bool timing;		/* one packet's round trip being timed */
+	uint32_t t_psn;
+	uint64_t t_sent;
 	/* responder */
 	uint32_t epsn, msn;
 	bool nak_sent, uc_broken;
@@ -173,6 +188,7 @@ struct ursa_uqp {
 	addr_t ack_me, ack_peer;
 	unsigned ack_skip;	/* ACKs to send at once before holding again */
 	unsigned ack_backoff;	/* held ACKs in a row that went alone */
+	bool ack_now;		/* owed, but not held: due at this pass's end */
 	/* A request that would complete a receive while our own signaled
 	 * message waits for its ACK, held until that ACK (hold_request) */
 	uint8_t *stash;		/* MAX_PKT bytes, allocated when first used */
@@ -872,6 +888,7 @@ static __thread struct {
 	char ctl[TXB][CMSG_SPACE(sizeof(uint16_t))];
 } txb;
 static atomic_int gso_state;	/* 0 unknown, 1 on, -1 off */
+static __thread int tx_hold;	/* ursa_udp_tx_hold */
 
 static bool gso_on(void)
 {
@@ -1270,6 +1287,59 @@ void ursa_uqp_fini(struct ursa_qp *qp)
 	qp->udp = NULL;
 }
 
+/*
+ * Pipelining. A QP's messages go out one after another without waiting
+ * for each other's ACK, as on a NIC: the message being sent is u->m; the
+ * ones sent whole before it wait in u->pipe for the cumulative ACK that
+ * covers their last PSN (IBTA 9.7.5.1.1) and complete in order. Only
+ * WRITE and SEND join the pipe: a READ or an atomic waits until all
+ * before it are acknowledged and goes alone, so their responses, fences
+ * and max_rd_atomic need nothing new. Losses stay simple: whatever takes
+ * a message of the pipe back (a NAK for one of its PSNs, the timers) first
+ * completes those that the NAK acknowledged, then makes the oldest
+ * unacknowledged message the one in flight again (pipe_collapse) and
+ * drops the state of the others; they go out again after it, with the
+ * same PSNs, as go-back-N wants. Without this a QP moved one message per
+ * round trip: 9 000 64-byte WRITEs a second between namespaces.
+ */
+static bool pipe_op(uint32_t op)
+{
+	return op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM ||
+	       op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM ||
+	       op == IBV_WR_SEND_WITH_INV;
+}
+
+/* The pipe entry holding PSN psn, or -1. */
+static int pipe_holds(const struct ursa_uqp *u, uint32_t psn)
+{
+	for (uint32_t i = 0; i < u->pipe_n; i++)
+		if (((psn - PIPE(u, i)->first) & 0xffffff) < PIPE(u, i)->npkts)
+			return (int)i;
+	return -1;
+}
+
+static void pipe_drop(struct ursa_uqp *u)
+{
+	for (uint32_t i = 0; i < u->pipe_n; i++)
+		PIPE(u, i)->wqe->piped = false;
+	u->pipe_n = u->pipe_out = u->pipe_nak = 0;
+}
+
+static void pipe_pop(struct ursa_uqp *u)
+{
+	const struct upipe *e = PIPE(u, 0);
+
+	if (!e->done)
+		u->pipe_out -= MIN(u->pipe_out, e->npkts - e->acked);
+	if (u->pipe_nak && ((u->pipe_nak_psn - e->first) & 0xffffff) < e->npkts)
+		u->pipe_nak = 0;
+	e->wqe->piped = false;
+	u->pipe_n--;
+	u->pipe_head = (u->pipe_head + 1) % URSA_UDP_PIPE;
+	if (!u->pipe_n)
+		u->pipe_out = u->pipe_nak = 0;
+}
+
 void ursa_uqp_modified(struct ursa_qp *qp, int mask)
 {
 	struct ursa_uqp *u = qp->udp;
@@ -1287,6 +1357,7 @@ void ursa_uqp_modified(struct ursa_qp *qp, int mask)
 		u->next_psn = qp->attr.sq_psn;
 	if (mask & IBV_QP_STATE) {
 		u->m.active = false;
+		pipe_drop(u);
 		ursa_rstate_drop(&u->rs);
 		if (!can_receive(qp->attr.qp_state))
 			__atomic_store_n(&u->stash_len, 0, __ATOMIC_RELAXED);
@@ -1294,15 +1365,22 @@ void ursa_uqp_modified(struct ursa_qp *qp, int mask)
 	pthread_mutex_unlock(&u->lock);
 }
 
-void ursa_udp_abort(struct ursa_qp *qp)
+void ursa_udp_abort(struct ursa_qp *qp, const struct ursa_send_wqe *w)
 {
 	struct ursa_uqp *u = qp->udp;
 
-	if (u) {
-		pthread_mutex_lock(&u->lock);
+	if (!u)
+		return;
+	pthread_mutex_lock(&u->lock);
+	/* WQEs complete in order: one sent whole leaves the front of the
+	 * pipe, the one being sent drops its state */
+	if (u->pipe_n && PIPE(u, 0)->wqe == w) {
+		pipe_pop(u);
+	} else if (u->m.wqe == w) {
 		u->m.active = false;
-		pthread_mutex_unlock(&u->lock);
+		pipe_drop(u);	/* (flushed behind it) */
 	}
+	pthread_mutex_unlock(&u->lock);
 }
 
 static uint32_t mtu_of(struct ursa_qp *qp)
@@ -1381,24 +1459,37 @@ static void ack_later(struct ursa_qp *qp, struct ursa_uqp *u,
 	if (!ack_delay_ns() || u->ack_skip) {
 		if (u->ack_skip)
 			u->ack_skip--;
-		send_ack(qp, u, peer, me, OP_ACK,
-			 AETH_ACK | AETH_CREDIT_INVALID, psn, 0);
-		return;
-	}
-	if (!u->ack_owed)
+		if (qp->ctx != ursa_pass_ctx) {
+			send_ack(qp, u, peer, me, OP_ACK,
+				 AETH_ACK | AETH_CREDIT_INVALID, psn, 0);
+			return;
+		}
+		/* At once, but after the rest of what this pass receives
+		 * (its ursa_udp_acks): one ACK then covers every message of
+		 * a stream that came in together, where each had its own
+		 * system call, which on a veth path carries it all the way
+		 * to the peer's socket (a pipelined 64-byte WRITE stream was
+		 * bound by that). */
+		u->ack_now = true;
+		u->ack_due = 0;
+	} else if (!u->ack_owed) {
 		u->ack_due = ursa_now_ns() + ack_delay_ns();
+	}
 	u->ack_psn = psn;
 	u->ack_peer = *peer;
 	u->ack_me = *me;
 	__atomic_store_n(&u->ack_owed, true, __ATOMIC_RELAXED);
-	atomic_fetch_add(&ursa_udp_cnt.acks_held, 1);
+	if (!u->ack_now)
+		atomic_fetch_add(&ursa_udp_cnt.acks_held, 1);
 }
 
 /* Send the held ACK (u->lock held); along: with another packet. */
 static void ack_emit(struct ursa_uqp *u, bool along)
 {
 	__atomic_store_n(&u->ack_owed, false, __ATOMIC_RELAXED);
-	if (along) {
+	if (u->ack_now) {
+		u->ack_now = false;	/* (not held: the backoff stays) */
+	} else if (along) {
 		u->ack_backoff = 0;
 	} else {
 		if (u->ack_backoff < 10)
@@ -1558,24 +1649,24 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
  * measurement, since its answer could be for either copy (Karn). */
 static void rtt_start(struct ursa_uqp *u, uint32_t idx, uint64_t now)
 {
-	if (u->m.timing)
+	if (u->timing)
 		return;
-	u->m.timing = true;
-	u->m.t_idx = idx;
-	u->m.t_sent = now;
+	u->timing = true;
+	u->t_psn = psn_add(u->m.first, idx);
+	u->t_sent = now;
 }
 
-/* Packets below acked are acknowledged: take the sample if it is one of
- * them, and progress ends the backoff. */
-static void rtt_acked(struct ursa_uqp *u, uint32_t acked, uint64_t now)
+/* PSNs up to last are acknowledged: take the sample if it is one of them,
+ * and progress ends the backoff. */
+static void rtt_acked_psn(struct ursa_uqp *u, uint32_t last, uint64_t now)
 {
 	uint64_t r, d;
 
 	u->backoff = 0;
-	if (!u->m.timing || acked <= u->m.t_idx)
+	if (!u->timing || ((last - u->t_psn) & 0xffffff) >= 0x800000)
 		return;
-	u->m.timing = false;
-	r = now - u->m.t_sent;
+	u->timing = false;
+	r = now - u->t_sent;
 	if (!u->srtt) {
 		u->srtt = r;
 		u->rttvar = r / 2;
@@ -1584,6 +1675,15 @@ static void rtt_acked(struct ursa_uqp *u, uint32_t acked, uint64_t now)
 	d = r > u->srtt ? r - u->srtt : u->srtt - r;
 	u->rttvar = (3 * u->rttvar + d) / 4;
 	u->srtt = (7 * u->srtt + r) / 8;
+}
+
+/* The first acked packets of the message in flight are acknowledged. */
+static void rtt_acked(struct ursa_uqp *u, uint32_t acked, uint64_t now)
+{
+	if (acked)
+		rtt_acked_psn(u, psn_add(u->m.first, acked - 1), now);
+	else
+		u->backoff = 0;
 }
 
 static void send_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
@@ -1610,7 +1710,7 @@ static void send_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 		u->m.sent = MIN(u->m.npkts, u->m.acked + u->cwnd);
 		rtt_start(u, u->m.acked, ursa_now_ns());
 	} else {
-		u->m.timing = false;	/* asked again */
+		u->timing = false;	/* asked again */
 	}
 	/* A re-request stays inside its piece: a duplicate READ must be a
 	 * subset of the original (IBTA 9.7.5.1.3). */
@@ -1694,7 +1794,7 @@ static void go_back(struct ursa_qp *qp, struct ursa_uqp *u, bool atomic,
 		    uint64_t now)
 {
 	atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
-	u->m.timing = false;
+	u->timing = false;
 	u->backoff++;
 	u->cwnd = MAX(WINDOW_MIN, u->cwnd / 2);
 	if (u->m.is_read)
@@ -1706,19 +1806,142 @@ static void go_back(struct ursa_qp *qp, struct ursa_uqp *u, bool atomic,
 	u->m.rto = after(now, rto_ns(qp));
 }
 
+/* Packets of m that may go out now (the window counts the pipe's too). */
+static bool window_open(const struct ursa_uqp *u)
+{
+	return !u->m.is_read && u->m.sent < u->m.npkts &&
+	       u->pipe_out + (u->m.sent - u->m.acked) < u->cwnd;
+}
+
+/* PSNs up to last are acknowledged (cumulative): the pipe's messages they
+ * cover are done. */
+static void pipe_ack(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t last,
+		     uint64_t now)
+{
+	bool moved = false;
+
+	for (uint32_t i = 0; i < u->pipe_n; i++) {
+		struct upipe *e = PIPE(u, i);
+		uint32_t idx = (last - e->first) & 0xffffff, n;
+
+		if (e->done)
+			continue;
+		if (idx >= 0x800000)
+			break;		/* (last is before this message) */
+		n = MIN(idx + 1, e->npkts);
+		if (n > e->acked) {
+			u->pipe_out -= MIN(u->pipe_out, n - e->acked);
+			u->cwnd = MIN(WINDOW, u->cwnd + (n - e->acked));
+			e->acked = n;
+			moved = true;
+		}
+		if (e->acked < e->npkts)
+			break;
+		e->done = true;
+	}
+	if (moved) {
+		rtt_acked_psn(u, last, now);
+		u->m.deadline = after(now, timeout_ns(qp));
+		u->m.rto = after(now, rto_ns(qp));
+	}
+}
+
+/* The oldest message of the pipe becomes the one in flight again (see
+ * pipe_op); the others' state goes: they start again behind it. */
+static void pipe_collapse(struct ursa_uqp *u)
+{
+	struct upipe e = *PIPE(u, 0);
+	uint64_t deadline = u->m.deadline, rto = u->m.rto;
+
+	memset(&u->m, 0, sizeof(u->m));
+	u->m.active = true;
+	u->m.wqe = e.wqe;
+	u->m.op = e.op;
+	u->m.mtu = e.mtu;
+	u->m.len = e.len;
+	u->m.npkts = e.npkts;
+	u->m.first = e.first;
+	u->m.sent = u->m.acked = e.acked;
+	u->m.hiwat = e.npkts;
+	u->m.deadline = deadline;
+	u->m.rto = rto;
+	if (u->pipe_nak && ((u->pipe_nak_psn - e.first) & 0xffffff) < e.npkts) {
+		u->m.nak = u->pipe_nak;
+		u->m.nak_psn = u->pipe_nak_psn;
+	}
+	u->next_psn = psn_add(e.first, e.npkts);
+	pipe_drop(u);
+	u->timing = false;
+}
+
+static bool can_start(struct ursa_qp *qp, const struct ursa_uqp *u,
+		      const struct ursa_send_wqe *w)
+{
+	return qp->ex.qp_base.qp_type == IBV_QPT_RC && u->m.active &&
+	       !u->m.done && !u->m.nak && !u->pipe_nak &&
+	       pipe_op(u->m.op) && pipe_op(w->opcode) &&
+	       u->m.sent == u->m.npkts && u->pipe_n < URSA_UDP_PIPE &&
+	       u->pipe_out + (u->m.npkts - u->m.acked) < u->cwnd &&
+	       u->m.mtu == mtu_of(qp);
+}
+
+bool ursa_udp_can_start(struct ursa_qp *qp, const struct ursa_send_wqe *w)
+{
+	struct ursa_uqp *u = qp->udp;
+	bool ok;
+
+	if (!u)
+		return false;
+	pthread_mutex_lock(&u->lock);
+	ok = can_start(qp, u, w);
+	pthread_mutex_unlock(&u->lock);
+	return ok;
+}
+
+int ursa_udp_inflight(struct ursa_qp *qp, const struct ursa_send_wqe *w)
+{
+	struct ursa_uqp *u = qp->udp;
+	int in = 0;
+
+	if (!u)
+		return 0;
+	pthread_mutex_lock(&u->lock);
+	if (u->m.active && u->m.wqe == w)
+		in = 2;
+	else if (w->piped)
+		in = 1;
+	pthread_mutex_unlock(&u->lock);
+	return in;
+}
+
 bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 {
 	struct ursa_uqp *u = qp->udp;
 
+	if (u && u->pipe_n && PIPE(u, 0)->wqe == w)
+		return PIPE(u, 0)->done || u->pipe_nak || now >= u->m.deadline ||
+		       now >= u->m.rto || (!u->m.nak && window_open(u));
 	if (!u || !u->m.active || u->m.wqe != w)
 		return true;
 	return u->m.done || u->m.nak || now >= u->m.deadline ||
 	       now >= u->m.rto ||
 	       (u->m.is_read && u->m.acked == u->m.sent &&
 		u->m.acked < u->m.npkts) ||
-	       u->m.resend_read ||
-	       (!u->m.is_read && u->m.sent < u->m.npkts &&
-		u->m.sent - u->m.acked < u->cwnd);
+	       u->m.resend_read || window_open(u);
+}
+
+static void send_more(struct ursa_qp *qp, struct ursa_uqp *u,
+		      const struct ursa_req *r, struct ursa_send_wqe *w,
+		      const addr_t *src, const addr_t *dst, uint64_t now)
+{
+	while (window_open(u)) {
+		if (u->m.sent >= u->m.hiwat) {
+			rtt_start(u, u->m.sent, now);
+			u->m.hiwat = u->m.sent + 1;
+		}
+		send_data_pkt(qp, u, r, w, u->m.sent, src, dst);
+		u->m.sent++;
+	}
 }
 
 int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
@@ -1746,7 +1969,40 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	}
 	pthread_mutex_lock(&u->lock);
 	batch0 = txb.added;
-	if (!u->m.active || u->m.wqe != w) {
+	*until = UINT64_MAX;
+	if (u->pipe_n && PIPE(u, 0)->wqe == w) {
+		/* the oldest message in flight: done, or taken back */
+		if (PIPE(u, 0)->done) {
+			resp->ack = URSA_ACK;
+			pipe_pop(u);
+			ret = 1;
+			goto out;
+		}
+		if (!u->pipe_nak && now < u->m.deadline && now < u->m.rto) {
+			*until = MIN(u->m.deadline, u->m.rto);
+			goto out;
+		}
+		pipe_collapse(u);
+		/* on as the message in flight: the NAK, the timers */
+	} else if (u->m.active && (u->m.wqe != w || u->pipe_n)) {
+		if (u->m.wqe == w || w->piped || !can_start(qp, u, w)) {
+			/* behind older messages: more packets of m at most
+			 * (their NAK or timeout is the oldest one's step) */
+			if (u->m.wqe == w && !u->m.nak)
+				send_more(qp, u, r, w, src, dst, now);
+			*until = MIN(u->m.deadline, u->m.rto);
+			goto out;
+		}
+		u->m.wqe->piped = true;
+		*PIPE(u, u->pipe_n++) = (struct upipe){
+			.wqe = u->m.wqe, .op = u->m.op, .first = u->m.first,
+			.npkts = u->m.npkts, .mtu = u->m.mtu,
+			.acked = u->m.acked, .len = u->m.len,
+		};
+		u->pipe_out += u->m.npkts - u->m.acked;
+		u->m.active = false;
+	}
+	if (!u->m.active) {
 		memset(&u->m, 0, sizeof(u->m));
 		u->m.active = true;
 		u->m.wqe = w;
@@ -1798,7 +2054,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 						      &qp->cnt.naks_inv, 1);
 		if ((syn & AETH_TYPE_MASK) == AETH_RNR) {
 			/* resend from the refused packet after the timer */
-			u->m.timing = false;
+			u->timing = false;
 			if (idx < u->m.npkts && !u->m.is_read)
 				u->m.sent = u->m.acked = idx;
 			u->m.resend_read = u->m.is_read;
@@ -1813,7 +2069,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		}
 		if (syn == AETH_NAK_PSN) {
 			/* go back to the PSN the responder expects */
-			u->m.timing = false;
+			u->timing = false;
 			if (idx < u->m.npkts && idx >= u->m.acked) {
 				u->m.acked = idx;
 				u->m.sent = idx;
@@ -1834,6 +2090,10 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	if (now >= u->m.deadline) {
 		/* IBTA 9.7.6.1.3: local ACK timeout */
 		if (!w->retry_left) {
+			ursa_dbg("qp %u: retries exhausted at PSN %u (packet %u of %u, %u sent)",
+				 qp->ex.qp_base.qp_num,
+				 psn_add(u->m.first, u->m.acked), u->m.acked,
+				 u->m.npkts, u->m.sent);
 			resp->ack = URSA_DROPPED;
 			resp->why = URSA_WHY_NOT_READY;
 			resp->final = true;
@@ -1858,15 +2118,8 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		send_atomic(qp, u, r, src, dst);
 		u->m.sent = 1;
 	}
-	while (!u->m.is_read && !atomic && u->m.sent < u->m.npkts &&
-	       u->m.sent - u->m.acked < u->cwnd) {
-		if (u->m.sent >= u->m.hiwat) {
-			rtt_start(u, u->m.sent, now);
-			u->m.hiwat = u->m.sent + 1;
-		}
-		send_data_pkt(qp, u, r, w, u->m.sent, src, dst);
-		u->m.sent++;
-	}
+	if (!atomic)
+		send_more(qp, u, r, w, src, dst, now);
 	if (!rc && u->m.sent >= u->m.npkts) {
 		/* UC and UD: sent is done (nobody acknowledges) */
 		resp->ack = URSA_ACK;
@@ -1884,8 +2137,17 @@ out:
 	 * never slept and posters rang its doorbell at every poll. */
 	w->deadline_ns = *until;
 	pthread_mutex_unlock(&u->lock);
-	udp_flush();
+	if (!tx_hold)
+		udp_flush();
 	return ret;
+}
+
+void ursa_udp_tx_hold(bool on)
+{
+	if (on)
+		tx_hold++;
+	else if (tx_hold && !--tx_hold)
+		udp_flush();
 }
 
 /* --- receive ------------------------------------------------------------------ */
@@ -1908,6 +2170,22 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 	 * duplicates, and no answer to the newest request gets through
 	 * (congestion collapse). Only progress moves the ACK timeout. */
 	u->m.rto = after(ursa_now_ns(), rto_ns(qp));
+	if (u->pipe_n && !(f & P_READ) && (p->opcode & 0x1f) != OP_ATOMIC_ACK) {
+		bool nak = (p->syndrome & AETH_TYPE_MASK) != AETH_ACK;
+		int i;
+
+		/* (a NAK acknowledges the PSNs before its own) */
+		pipe_ack(qp, u, nak ? psn_add(p->psn, 0xffffff) : p->psn,
+			 ursa_now_ns());
+		i = pipe_holds(u, p->psn);
+		if (i >= 0) {
+			if (nak && !PIPE(u, i)->done) {
+				u->pipe_nak = p->syndrome;
+				u->pipe_nak_psn = p->psn;
+			}
+			return;
+		}
+	}
 	idx = (p->psn - u->m.first) & 0xffffff;
 	if (f & P_READ) {
 		uint64_t off = (uint64_t)idx * u->m.mtu;
@@ -1921,7 +2199,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 			    u->m.rerequested != u->m.acked + 1) {
 				u->m.rerequested = u->m.acked + 1;
 				u->m.resend_read = true;
-				u->m.timing = false;
+				u->timing = false;
 				atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
 			}
 			return;
@@ -1946,6 +2224,23 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 		u->m.rto = after(ursa_now_ns(), rto_ns(qp));
 		if (u->m.acked == u->m.npkts)
 			u->m.done = true;
+		return;
+	}
+	/* An answer past the message's last PSN (not before its first)
+	 * acknowledges all of it: after pipe_collapse the responder may
+	 * already hold the messages that go out again behind this one, and
+	 * answers their copies from where it is. A NAK out there concerns
+	 * one of those, which will be sent again. */
+	if (idx >= u->m.npkts && idx < 0x800000 && !u->m.is_read &&
+	    u->m.op != IBV_WR_ATOMIC_CMP_AND_SWP &&
+	    u->m.op != IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		if (u->m.acked < u->m.npkts) {
+			u->cwnd = MIN(WINDOW, u->cwnd + (u->m.npkts - u->m.acked));
+			u->m.acked = u->m.npkts;
+			u->m.progress = true;
+			rtt_acked(u, u->m.acked, ursa_now_ns());
+			u->m.done = true;
+		}
 		return;
 	}
 	if ((p->syndrome & AETH_TYPE_MASK) != AETH_ACK) {
@@ -2333,7 +2628,9 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 			if (qp->ctx->eng && qp->ctx != ursa_pass_ctx)
 				ursa_engine_kick(qp->ctx->eng);
 			else if (qp->ctx == ursa_pass_ctx)
-				decided = u->m.done || u->m.nak;
+				decided = u->m.done || u->m.nak ||
+					  (u->pipe_n && (PIPE(u, 0)->done ||
+							 u->pipe_nak));
 		} else {
 			atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
 		}

@@ -64,8 +64,16 @@ int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
 		  bool engine);
 /* At process exit: send the QP's held-back ACK. */
 void ursa_udp_ack_exit(struct ursa_qp *qp);
-/* Release what an unfinished message holds (QP reset, flush). */
-void ursa_udp_abort(struct ursa_qp *qp);
+/* WQE w completes: release what its message holds (done, flushed). */
+void ursa_udp_abort(struct ursa_qp *qp, const struct ursa_send_wqe *w);
+/* May WQE w go out now, while the messages before it wait for their ACK
+ * (pipelining; RC WRITE and SEND only)? */
+bool ursa_udp_can_start(struct ursa_qp *qp, const struct ursa_send_wqe *w);
+/* Steps between on and off leave their packets for one flush at off (one
+ * sendmmsg for the messages a pipelined send queue starts at once). */
+void ursa_udp_tx_hold(bool on);
+/* Is w in flight: 1 sent whole, waiting for its ACK; 2 being sent; 0 no. */
+int ursa_udp_inflight(struct ursa_qp *qp, const struct ursa_send_wqe *w);
 
 /* Test hooks (fuzz target). */
 void ursa_udp_inject(uint8_t *buf, size_t len, const union ibv_gid *src,

@@ -12,7 +12,10 @@
  * receives the server posts. Every byte is checked with a checksum
  * computed independently on each side. It prints one "ok" line per
  * operation and exits 0 only if all data arrived exactly once, in order,
- * byte for byte.
+ * byte for byte. WRITEs and SENDs keep DEPTH requests outstanding (the
+ * WRITEs in pieces of 1 KiB to 1 MiB), so that RC messages follow each
+ * other before their ACKs (udp.c, pipelining) through every loss; READs
+ * go one at a time. Completions must come in posting order.
  *
  * --cut-check: after connecting, wait for the link to be cut (the script
  * removes the route), then post a WRITE and report the completion status
@@ -45,6 +48,7 @@
 
 #define CHUNK (1u << 20)
 #define PINGS 200
+#define DEPTH 24
 
 struct info {
 	uint32_t qpn, rkey;
@@ -226,6 +230,41 @@ static void post(struct ep *e, enum ibv_wr_opcode op, uint64_t off,
 	wr.wr.rdma.rkey = rkey;
 	if (ibv_post_send(e->qp, &wr, &bad))
 		die("post_send");
+}
+
+/* Post op over [0, len) in pieces (WRITE: sizes cycling from 1 KiB to
+ * 1 MiB; SEND: CHUNK, as the server's receives), DEPTH outstanding; every
+ * completion must succeed, in order. */
+static int stream(struct ep *e, enum ibv_wr_opcode op, size_t len,
+		  const struct info *peer)
+{
+	static const uint32_t sizes[] = { 1024, 65536, 4096, CHUNK, 3072, 262144 };
+	uint64_t posted = 0, done = 0;
+	size_t off = 0;
+
+	while (done < posted || off < len) {
+		struct ibv_wc wc;
+
+		while (off < len && posted - done < DEPTH) {
+			uint32_t n = op == IBV_WR_SEND ? CHUNK :
+				     sizes[posted % (sizeof(sizes) / sizeof(sizes[0]))];
+
+			n = (uint32_t)(n < len - off ? n : len - off);
+			post(e, op, off, n, op == IBV_WR_SEND ? 0 : peer->addr + off,
+			     peer->rkey, posted++);
+			off += n;
+		}
+		wc = wait1(e);
+		if (wc.status || wc.wr_id != done) {
+			printf("FAIL %s: completion %" PRIu64 " of %" PRIu64
+			       ": %s, wr_id %" PRIu64 "\n",
+			       op == IBV_WR_SEND ? "send" : "write", done, posted,
+			       ibv_wc_status_str(wc.status), (uint64_t)wc.wr_id);
+			return 1;
+		}
+		done++;
+	}
+	return 0;
 }
 
 static void post_recv_at(struct ep *e, uint64_t off, uint32_t len, uint64_t id)
@@ -481,17 +520,10 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 		return wc.status == IBV_WC_RETRY_EXC_ERR ? 0 : 1;
 	}
 
-	/* 1. WRITE everything, chunk by chunk */
+	/* 1. WRITE everything */
 	t0 = now_s();
-	for (size_t off = 0, id = 0; off < len; off += CHUNK, id++) {
-		post(&e, IBV_WR_RDMA_WRITE, off, CHUNK, peer.addr + off, peer.rkey, id);
-		struct ibv_wc wc = wait1(&e);
-
-		if (wc.status) {
-			printf("FAIL write at %zu: %s\n", off, ibv_wc_status_str(wc.status));
-			return 1;
-		}
-	}
+	if (stream(&e, IBV_WR_RDMA_WRITE, len, &peer))
+		return 1;
 	cmd = 1;
 	xio(s, &cmd, sizeof(cmd), 1);
 	xio(s, &got, sizeof(got), 0);
@@ -519,15 +551,8 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 	xio(s, &cmd, sizeof(cmd), 1);
 	xio(s, &got, sizeof(got), 0);
 	t0 = now_s();
-	for (size_t off = 0, id = 0; off < len; off += CHUNK, id++) {
-		post(&e, IBV_WR_SEND, off, CHUNK, 0, 0, id);
-		struct ibv_wc wc = wait1(&e);
-
-		if (wc.status) {
-			printf("FAIL send at %zu: %s\n", off, ibv_wc_status_str(wc.status));
-			return 1;
-		}
-	}
+	if (stream(&e, IBV_WR_SEND, len, &peer))
+		return 1;
 	xio(s, &got, sizeof(got), 0);
 	printf("%s send %zu MiB: %.1f MB/s\n", got == want ? "ok" : "FAIL", mib,
 	       len / (now_s() - t0) / 1e6);
