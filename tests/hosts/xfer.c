@@ -338,9 +338,16 @@ static int server(int port)
 			xio(c, &sum, sizeof(sum), 1);
 		} else if (cmd == 2) {
 			uint64_t n = e.len / CHUNK, got = 0;
+			/* XFER_RECV_AHEAD: receives posted ahead (400);
+			 * XFER_RECV_DELAY_US: each posted that long after a
+			 * completion. Few and late, SENDs meet RNR NAKs. */
+			const char *ra = getenv("XFER_RECV_AHEAD");
+			const char *rd = getenv("XFER_RECV_DELAY_US");
+			uint64_t ahead = ra ? strtoull(ra, NULL, 0) : 400;
+			unsigned delay = rd ? (unsigned)atoi(rd) : 0;
 
 			memset(e.buf, 0, e.len);
-			for (uint64_t i = 0; i < n && i < 400; i++)
+			for (uint64_t i = 0; i < n && i < ahead; i++)
 				post_recv_at(&e, i * CHUNK, CHUNK, i);
 			sum = 0;
 			xio(c, &sum, sizeof(sum), 1); /* receives posted */
@@ -354,8 +361,10 @@ static int server(int port)
 					break;
 				}
 				got++;
-				if (i + 400 < n)
-					post_recv_at(&e, (i + 400) * CHUNK, CHUNK, i + 400);
+				if (delay)
+					usleep(delay);
+				if (i + ahead < n)
+					post_recv_at(&e, (i + ahead) * CHUNK, CHUNK, i + ahead);
 			}
 			sum = got == n ? fnv(e.buf, e.len, 1469598103934665603ull) : 0;
 			xio(c, &sum, sizeof(sum), 1);

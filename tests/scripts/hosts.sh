@@ -70,6 +70,17 @@ F="loss=5,dup=1,reorder=1,corrupt=1,delay=1,delay_us=300"
 SRV_ENV="URSA_FAULT=$F,seed=11" CLI_ENV="URSA_FAULT=$F,seed=12" \
 	xfer_pair "RC $MIB MiB WRITE/READ/SEND under 5% loss, 1% dup, reorder, corruption, delay" "$MIB"
 
+# 1b. pipelined SENDs into a receiver that posts one receive at a time,
+# 5 ms after each completion: RNR NAKs in the stream, every SEND once, in
+# order
+SRV_ENV="XFER_RECV_AHEAD=1 XFER_RECV_DELAY_US=5000" CLI_ENV= \
+	xfer_pair "RC $((MIB / 8)) MiB into late receives (RNR NAKs)" "$((MIB / 8))"
+if sed -n 's/^counters: //p' "$tmp/c" | grep -q 'NAKs sent [0-9]* received [1-9]'; then
+	ok "  RNR NAKs were received"
+else
+	bad "  RNR NAKs were received" "$(grep '^counters' "$tmp/c")"
+fi
+
 # 2a. over IPv6: RoCEv2 GIDs that are IPv6 addresses
 XHOST=$IP61 SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 8)) MiB over IPv6" "$((MIB / 8))"
 
