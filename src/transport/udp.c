@@ -1290,8 +1290,9 @@ void ursa_uqp_fini(struct ursa_qp *qp)
 /*
  * Pipelining. A QP's messages go out one after another without waiting
  * for each other's ACK, as on a NIC: the message being sent is u->m; the
- * ones sent whole before it wait in u->pipe for the cumulative ACK that
- * covers their last PSN (IBTA 9.7.5.1.1) and complete in order. Only
+ * ones sent whole before it wait in the pipe (PIPE(u, 0) the oldest) for
+ * the cumulative ACK that covers their last PSN (IBTA 9.7.5.1.1) and
+ * complete in order. Only
  * WRITE and SEND join the pipe: a READ or an atomic waits until all
  * before it are acknowledged and goes alone, so their responses, fences
  * and max_rd_atomic need nothing new. Losses stay simple: whatever takes
