@@ -1439,8 +1439,8 @@ static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, const addr_t *to,
  *
  * An ACK waits at most URSA_ACK_DELAY_US (default 50 us, 0: never; far
  * below the 1 ms floor of the peer's RTO). When one had to go alone, the
- * next ones go at once, 1, 3, 7 ... 1023 of them: a peer that only sends
- * (a bandwidth test) is not slowed. NAKs, READ responses and atomic
+ * next ones go at once (at the pass's end), 1, 3, 7 ... 1023 of them: a
+ * peer that only sends (a bandwidth test) is not slowed. NAKs, READ responses and atomic
  * ACKs are never held (they go after the held ACK, in PSN order).
  */
 #define ACK_WAKE_SLACK_NS 1000000ull
