@@ -21,6 +21,12 @@
  * removes the route), then post a WRITE and report the completion status
  * and how long it took (RETRY_EXC_ERR is expected).
  *
+ * --bad-middle: 12 WRITEs of 4 KiB posted at once, the 6th with a wrong
+ * rkey: the 5 before it complete successfully, it with REM_ACCESS_ERR
+ * (the responder's NAK reaches a message sent behind others, udp.c
+ * pipelining), the 6 after it with WR_FLUSH_ERR, all in order; the first
+ * 5 WRITEs' bytes are in the server's buffer.
+ *
  * --acks: the delayed ACK (transport/udp.c ack_later):
  * - PINGS one-way WRITEs, each awaited: the server, which never sends a
  *   request, holds only a few ACKs (the backoff), not one per WRITE;
@@ -304,7 +310,7 @@ static int server(int port)
 	xio(c, &cmd, sizeof(cmd), 1);	/* ready */
 	/* commands: 1 = checksum my buffer, 2 = receive N MiB by SEND,
 	 * 3 = answer PINGS SENDs, 4 = report held ACKs, 5 = receive one
-	 * SEND and exit at once */
+	 * SEND and exit at once, 6 = checksum the first 5 pages */
 	while (read(c, &cmd, sizeof(cmd)) == sizeof(cmd)) {
 		if (cmd == 3 || cmd == 5) {
 			int n = cmd == 3 ? PINGS : 1;
@@ -335,6 +341,9 @@ static int server(int port)
 			xio(c, r, sizeof(r), 1);
 		} else if (cmd == 1) {
 			sum = fnv(e.buf, e.len, 1469598103934665603ull);
+			xio(c, &sum, sizeof(sum), 1);
+		} else if (cmd == 6) {	/* --bad-middle: the first 5 pages */
+			sum = fnv(e.buf, 5 * 4096, 1469598103934665603ull);
 			xio(c, &sum, sizeof(sum), 1);
 		} else if (cmd == 2) {
 			uint64_t n = e.len / CHUNK, got = 0;
@@ -468,8 +477,49 @@ static int acks_check(struct ep *e, int s, const struct info *peer)
 	return bad;
 }
 
+/* --bad-middle (see the top of the file) */
+static int bad_middle(struct ep *e, int s, const struct info *peer,
+		      uint64_t *cmd)
+{
+	const int n = 12, bad_at = 5;
+	uint64_t sum;
+	int bad = 0;
+
+	for (int i = 0; i < n; i++)
+		post(e, IBV_WR_RDMA_WRITE, (uint64_t)i * 4096, 4096,
+		     peer->addr + (uint64_t)i * 4096,
+		     i == bad_at ? peer->rkey ^ 0x5a5a00 : peer->rkey,
+		     (uint64_t)i);
+	for (int i = 0; i < n; i++) {
+		struct ibv_wc wc = wait1(e);
+		enum ibv_wc_status want = i < bad_at ? IBV_WC_SUCCESS :
+					  i == bad_at ? IBV_WC_REM_ACCESS_ERR :
+							IBV_WC_WR_FLUSH_ERR;
+
+		if (wc.wr_id != (uint64_t)i || wc.status != want) {
+			printf("FAIL completion %d: wr_id %" PRIu64 " %s, want %s\n",
+			       i, (uint64_t)wc.wr_id, ibv_wc_status_str(wc.status),
+			       ibv_wc_status_str(want));
+			bad = 1;
+		}
+	}
+	/* the server checksums the part the good WRITEs covered */
+	*cmd = 6;
+	xio(s, cmd, sizeof(*cmd), 1);
+	xio(s, &sum, sizeof(sum), 0);
+	if (sum != fnv(e->buf, (size_t)bad_at * 4096, 1469598103934665603ull)) {
+		printf("FAIL the good WRITEs' bytes\n");
+		bad = 1;
+	}
+	printf("%s WRITEs before, at and after a refused one, pipelined\n",
+	       bad ? "FAIL" : "ok");
+	*cmd = 9;
+	xio(s, cmd, sizeof(*cmd), 1);
+	return bad;
+}
+
 static int client(const char *host, int port, size_t mib, int cut_check,
-		  int acks)
+		  int acks, int badm)
 {
 	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
 	int s = socket(AF_INET6, SOCK_STREAM, 0), bad = 0;
@@ -511,6 +561,8 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 
 	if (acks)
 		return acks_check(&e, s, &peer);
+	if (badm)
+		return bad_middle(&e, s, &peer, &cmd);
 	if (cut_check) {
 		struct ibv_wc wc;
 
@@ -580,7 +632,8 @@ int main(int argc, char **argv)
 	if (argc >= 5 && !strcmp(argv[1], "client"))
 		return client(argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 0),
 			      argc > 5 && !strcmp(argv[5], "--cut-check"),
-			      argc > 5 && !strcmp(argv[5], "--acks"));
+			      argc > 5 && !strcmp(argv[5], "--acks"),
+			      argc > 5 && !strcmp(argv[5], "--bad-middle"));
 	fprintf(stderr, "usage: xfer server PORT | xfer client IP PORT MIB [--cut-check]\n");
 	return 2;
 }

@@ -81,6 +81,21 @@ else
 	bad "  RNR NAKs were received" "$(grep '^counters' "$tmp/c")"
 fi
 
+# 1c. a refused WRITE in the middle of a pipelined run: those before it
+# succeed, it fails with REM_ACCESS_ERR, those after it are flushed, in
+# order (the NAK reaches a message sent behind others)
+ip netns exec $H1 $RUN timeout 60 "$XFER" server 7250 >"$tmp/s" 2>&1 &
+spid=$!
+ip netns exec $H2 $RUN timeout 60 "$XFER" client $IP1 7250 1 --bad-middle >"$tmp/c" 2>&1
+crc=$?
+wait $spid
+sed 's/^/    /' "$tmp/c"
+if [ $crc = 0 ] && grep -q '^ok WRITEs before' "$tmp/c"; then
+	ok "a refused WRITE among pipelined ones: completions in order"
+else
+	bad "a refused WRITE among pipelined ones" "exit $crc"
+fi
+
 # 2a. over IPv6: RoCEv2 GIDs that are IPv6 addresses
 XHOST=$IP61 SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 8)) MiB over IPv6" "$((MIB / 8))"
 
