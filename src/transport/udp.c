@@ -5,8 +5,8 @@
  *
  * Requester: each WQE of a QP's send queue is a message, cut into path-MTU
  * packets with consecutive PSNs and sent in a window of up to 256 packets;
- * WRITEs and SENDs follow each other without waiting for their ACKs (see
- * pipe_op). The responder's cumulative ACKs move the window, a PSN-sequence
+ * WRITEs and SENDs, or READs, follow each other without waiting for their
+ * answers (see pipe_class). The responder's cumulative ACKs move the window, a PSN-sequence
  * NAK or the ACK timeout sends again from the first unacknowledged packet
  * (go-back-N).
  *
@@ -162,12 +162,21 @@ struct ursa_uqp {
 		struct ursa_send_wqe *wqe;
 		uint32_t op, first, npkts, mtu, acked;
 		uint64_t len;
-		bool done;
+		bool done, is_read;
+		uint32_t ndst;		/* READ: where the responses go */
+		struct ursa_sg dst[URSA_MAX_SGE];
 	} pipe_ring[URSA_UDP_PIPE];	/* PIPE(u, i): the i-th oldest */
 	uint32_t pipe_head, pipe_n;
 	uint32_t pipe_out;	/* their packets not yet acknowledged */
 	uint8_t pipe_nak;	/* a NAK's syndrome for the oldest one ... */
 	uint32_t pipe_nak_psn;	/* ... and its PSN */
+	bool pipe_gap;		/* READ responses missing before others */
+	/* A READ taken back (pipe_collapse): no READ joins the pipe until it
+	 * is complete. Each READ asked for again is answered whole again, so
+	 * restarting the ones behind it at every loss multiplied the
+	 * responses until the useful ones drowned (RETRY_EXC_ERR under 5 %
+	 * loss). */
+	const struct ursa_send_wqe *pipe_cool;
 	bool timing;		/* one packet's round trip being timed */
 	uint32_t t_psn;
 	uint64_t t_sent;
@@ -1292,22 +1301,27 @@ void ursa_uqp_fini(struct ursa_qp *qp)
  * for each other's ACK, as on a NIC: the message being sent is u->m; the
  * ones sent whole before it wait in the pipe (PIPE(u, 0) the oldest) for
  * the cumulative ACK that covers their last PSN (IBTA 9.7.5.1.1) and
- * complete in order. Only
- * WRITE and SEND join the pipe: a READ or an atomic waits until all
- * before it are acknowledged and goes alone, so their responses, fences
- * and max_rd_atomic need nothing new. Losses stay simple: whatever takes
- * a message of the pipe back (a NAK for one of its PSNs, the timers) first
- * completes those that the NAK acknowledged, then makes the oldest
+ * complete in order. WRITEs and SENDs join a pipe of their kind, READs
+ * one of theirs (at most max_rd_atomic outstanding, each asked for whole:
+ * its responses land in its own buffers, and a READ completes only by
+ * them, never by an ACK). A READ behind WRITEs, a WRITE behind READs and
+ * an atomic wait until all before them are answered, so fences need
+ * nothing new. Losses stay simple: whatever takes a message of the pipe
+ * back (a NAK for one of its PSNs, a READ response missing while later
+ * ones come, the timers) first completes those that the NAK
+ * acknowledged, then makes the oldest
  * unacknowledged message the one in flight again (pipe_collapse) and
  * drops the state of the others; they go out again after it, with the
  * same PSNs, as go-back-N wants. Without this a QP moved one message per
  * round trip: 9 000 64-byte WRITEs a second between namespaces.
  */
-static bool pipe_op(uint32_t op)
+static int pipe_class(uint32_t op)
 {
-	return op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM ||
-	       op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM ||
-	       op == IBV_WR_SEND_WITH_INV;
+	if (op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM ||
+	    op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM ||
+	    op == IBV_WR_SEND_WITH_INV)
+		return 1;
+	return op == IBV_WR_RDMA_READ ? 2 : 0;
 }
 
 /* The pipe entry holding PSN psn, or -1. */
@@ -1324,6 +1338,7 @@ static void pipe_drop(struct ursa_uqp *u)
 	for (uint32_t i = 0; i < u->pipe_n; i++)
 		PIPE(u, i)->wqe->piped = false;
 	u->pipe_n = u->pipe_out = u->pipe_nak = 0;
+	u->pipe_gap = false;
 }
 
 static void pipe_pop(struct ursa_uqp *u)
@@ -1337,8 +1352,10 @@ static void pipe_pop(struct ursa_uqp *u)
 	e->wqe->piped = false;
 	u->pipe_n--;
 	u->pipe_head = (u->pipe_head + 1) % URSA_UDP_PIPE;
-	if (!u->pipe_n)
+	if (!u->pipe_n) {
 		u->pipe_out = u->pipe_nak = 0;
+		u->pipe_gap = false;
+	}
 }
 
 void ursa_uqp_modified(struct ursa_qp *qp, int mask)
@@ -1359,6 +1376,7 @@ void ursa_uqp_modified(struct ursa_qp *qp, int mask)
 	if (mask & IBV_QP_STATE) {
 		u->m.active = false;
 		pipe_drop(u);
+		u->pipe_cool = NULL;
 		ursa_rstate_drop(&u->rs);
 		if (!can_receive(qp->attr.qp_state))
 			__atomic_store_n(&u->stash_len, 0, __ATOMIC_RELAXED);
@@ -1373,6 +1391,8 @@ void ursa_udp_abort(struct ursa_qp *qp, const struct ursa_send_wqe *w)
 	if (!u)
 		return;
 	pthread_mutex_lock(&u->lock);
+	if (u->pipe_cool == w)
+		u->pipe_cool = NULL;
 	/* WQEs complete in order: one sent whole leaves the front of the
 	 * pipe, the one being sent drops its state */
 	if (u->pipe_n && PIPE(u, 0)->wqe == w) {
@@ -1827,8 +1847,8 @@ static void pipe_ack(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t last,
 
 		if (e->done)
 			continue;
-		if (idx >= 0x800000)
-			break;		/* (last is before this message) */
+		if (idx >= 0x800000 || e->is_read)
+			break;	/* (before this message; a READ: its responses) */
 		n = MIN(idx + 1, e->npkts);
 		if (n > e->acked) {
 			u->pipe_out -= MIN(u->pipe_out, n - e->acked);
@@ -1848,7 +1868,7 @@ static void pipe_ack(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t last,
 }
 
 /* The oldest message of the pipe becomes the one in flight again (see
- * pipe_op); the others' state goes: they start again behind it. */
+ * pipe_class); the others' state goes: they start again behind it. */
 static void pipe_collapse(struct ursa_uqp *u)
 {
 	struct upipe e = *PIPE(u, 0);
@@ -1866,6 +1886,9 @@ static void pipe_collapse(struct ursa_uqp *u)
 	u->m.hiwat = e.npkts;
 	u->m.deadline = deadline;
 	u->m.rto = rto;
+	u->m.is_read = e.is_read;	/* (asks again from acked) */
+	u->m.ndst = e.ndst;
+	memcpy(u->m.dst, e.dst, e.ndst * sizeof(e.dst[0]));
 	if (u->pipe_nak && ((u->pipe_nak_psn - e.first) & 0xffffff) < e.npkts) {
 		u->m.nak = u->pipe_nak;
 		u->m.nak_psn = u->pipe_nak_psn;
@@ -1873,14 +1896,20 @@ static void pipe_collapse(struct ursa_uqp *u)
 	u->next_psn = psn_add(e.first, e.npkts);
 	pipe_drop(u);
 	u->timing = false;
+	if (e.is_read)
+		u->pipe_cool = e.wqe;
 }
 
 static bool can_start(struct ursa_qp *qp, const struct ursa_uqp *u,
 		      const struct ursa_send_wqe *w)
 {
+	int c = pipe_class(u->m.op);
+
 	return qp->ex.qp_base.qp_type == IBV_QPT_RC && u->m.active &&
-	       !u->m.done && !u->m.nak && !u->pipe_nak &&
-	       pipe_op(u->m.op) && pipe_op(w->opcode) &&
+	       !u->m.done && !u->m.nak && !u->pipe_nak && !u->pipe_gap &&
+	       c && c == pipe_class(w->opcode) && !u->m.resend_read &&
+	       (c != 2 || (u->pipe_n + 2 <= qp->attr.max_rd_atomic &&
+			   !u->pipe_cool)) &&
 	       u->m.sent == u->m.npkts && u->pipe_n < URSA_UDP_PIPE &&
 	       u->pipe_out + (u->m.npkts - u->m.acked) < u->cwnd &&
 	       u->m.mtu == mtu_of(qp);
@@ -1920,7 +1949,8 @@ bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 	struct ursa_uqp *u = qp->udp;
 
 	if (u && u->pipe_n && PIPE(u, 0)->wqe == w)
-		return PIPE(u, 0)->done || u->pipe_nak || now >= u->m.deadline ||
+		return PIPE(u, 0)->done || u->pipe_nak || u->pipe_gap ||
+		       now >= u->m.deadline ||
 		       now >= u->m.rto || (!u->m.nak && window_open(u));
 	if (!u || !u->m.active || u->m.wqe != w)
 		return true;
@@ -1979,7 +2009,8 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			ret = 1;
 			goto out;
 		}
-		if (!u->pipe_nak && now < u->m.deadline && now < u->m.rto) {
+		if (!u->pipe_nak && !u->pipe_gap && now < u->m.deadline &&
+		    now < u->m.rto) {
 			*until = MIN(u->m.deadline, u->m.rto);
 			goto out;
 		}
@@ -1994,12 +2025,16 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			*until = MIN(u->m.deadline, u->m.rto);
 			goto out;
 		}
+		struct upipe *e = PIPE(u, u->pipe_n++);
+
 		u->m.wqe->piped = true;
-		*PIPE(u, u->pipe_n++) = (struct upipe){
+		*e = (struct upipe){
 			.wqe = u->m.wqe, .op = u->m.op, .first = u->m.first,
 			.npkts = u->m.npkts, .mtu = u->m.mtu,
 			.acked = u->m.acked, .len = u->m.len,
+			.is_read = u->m.is_read, .ndst = u->m.ndst,
 		};
+		memcpy(e->dst, u->m.dst, u->m.ndst * sizeof(e->dst[0]));
 		u->pipe_out += u->m.npkts - u->m.acked;
 		u->m.active = false;
 	}
@@ -2069,9 +2104,16 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			goto out;
 		}
 		if (syn == AETH_NAK_PSN) {
-			/* go back to the PSN the responder expects */
+			/* go back to the PSN the responder expects. For a
+			 * READ that PSN tells which requests arrived, not which
+			 * responses did: ask again from the first missing
+			 * response (taken for received, the packets between
+			 * were never written: a 256 KiB READ came back with
+			 * 101 KiB of zeros under injected loss). */
 			u->timing = false;
-			if (idx < u->m.npkts && idx >= u->m.acked) {
+			if (u->m.is_read) {
+				u->m.sent = u->m.acked;
+			} else if (idx < u->m.npkts && idx >= u->m.acked) {
 				u->m.acked = idx;
 				u->m.sent = idx;
 			}
@@ -2153,6 +2195,44 @@ void ursa_udp_tx_hold(bool on)
 
 /* --- receive ------------------------------------------------------------------ */
 
+/* A READ response for a READ of the pipe (see pipe_class). */
+static void pipe_read_resp(struct ursa_qp *qp, struct ursa_uqp *u,
+			   struct upipe *e, const struct roce_pkt *p)
+{
+	uint32_t idx = (p->psn - e->first) & 0xffffff;
+	uint64_t off = (uint64_t)idx * e->mtu, now;
+
+	if (!e->is_read || e->done || idx != e->acked) {
+		if (e->is_read && !e->done && idx > e->acked && !u->pipe_gap) {
+			u->pipe_gap = true;	/* ask again (pipe_collapse) */
+			atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		}
+		atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+		return;
+	}
+	/* bounded by what we asked for, into our own buffers */
+	if (off + p->paylen > e->len ||
+	    (idx + 1 < e->npkts && p->paylen != e->mtu)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
+		return;
+	}
+	if (p->paylen) {
+		struct ursa_sg s = { (uintptr_t)p->payload, p->paylen };
+
+		ursa_xfer(e->dst, e->ndst, false, &s, 1, false, 0, off,
+			  p->paylen);
+	}
+	now = ursa_now_ns();
+	e->acked++;
+	u->pipe_out -= MIN(u->pipe_out, 1u);
+	u->cwnd = MIN(WINDOW, u->cwnd + 1);
+	rtt_acked_psn(u, p->psn, now);
+	u->m.deadline = after(now, timeout_ns(qp));
+	u->m.rto = after(now, rto_ns(qp));
+	if (e->acked == e->npkts)
+		e->done = true;
+}
+
 /* A response for our requester QP (RC): move the message forward. */
 static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 			const struct roce_pkt *p)
@@ -2188,6 +2268,27 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 		}
 	}
 	idx = (p->psn - u->m.first) & 0xffffff;
+	if (u->pipe_n && (f & P_READ)) {
+		int i = pipe_holds(u, p->psn);
+		const struct upipe *prev = i > 0 ? PIPE(u, i - 1) :
+					   i < 0 && idx < u->m.npkts ?
+					   PIPE(u, u->pipe_n - 1) : NULL;
+
+		if (prev && !prev->done) {
+			/* a later READ's responses while an earlier one's
+			 * are missing: those were lost */
+			if (!u->pipe_gap) {
+				u->pipe_gap = true;
+				atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+			}
+			atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+			return;
+		}
+		if (i >= 0) {
+			pipe_read_resp(qp, u, PIPE(u, i), p);
+			return;
+		}
+	}
 	if (f & P_READ) {
 		uint64_t off = (uint64_t)idx * u->m.mtu;
 
@@ -2397,12 +2498,21 @@ execute:
 	r.nsrc = 1;
 	r.frag = ((f & P_FIRST) ? URSA_FRAG_FIRST : 0) | ((f & P_LAST) ? URSA_FRAG_LAST : 0);
 	if (f & P_READ) {
-		on_read_req(qp, u, p, &r, me, peer);
-		if (psn_cmp(p->psn, u->epsn) >= 0) {
-			uint32_t mtu = mtu_of(qp);
+		uint32_t mtu = mtu_of(qp);
+		uint32_t end = psn_add(p->psn, (uint32_t)MAX(1, ((uint64_t)p->dmalen + mtu - 1) / mtu));
 
-			u->epsn = psn_add(p->psn, (uint32_t)MAX(1, ((uint64_t)p->dmalen + mtu - 1) / mtu));
+		on_read_req(qp, u, p, &r, me, peer);
+		if (psn_cmp(p->psn, u->epsn) >= 0)
 			u->msn++;
+		/* A duplicate that reaches past epsn: a requester that took a
+		 * READ back asks again from inside it, for the rest, and the
+		 * rest may include PSNs it had not asked for before (pieces,
+		 * udp.c pipe_collapse). They were answered just now: expect
+		 * what follows them, or the next request looks like a gap
+		 * that no resend fills. */
+		if (psn_cmp(end, u->epsn) > 0) {
+			u->epsn = end;
+			u->nak_sent = false;
 		}
 		return;
 	}
@@ -2631,7 +2741,8 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 			else if (qp->ctx == ursa_pass_ctx)
 				decided = u->m.done || u->m.nak ||
 					  (u->pipe_n && (PIPE(u, 0)->done ||
-							 u->pipe_nak));
+							 u->pipe_nak ||
+							 u->pipe_gap));
 		} else {
 			atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
 		}

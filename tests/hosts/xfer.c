@@ -12,10 +12,10 @@
  * receives the server posts. Every byte is checked with a checksum
  * computed independently on each side. It prints one "ok" line per
  * operation and exits 0 only if all data arrived exactly once, in order,
- * byte for byte. WRITEs and SENDs keep DEPTH requests outstanding (the
- * WRITEs in pieces of 1 KiB to 1 MiB), so that RC messages follow each
- * other before their ACKs (udp.c, pipelining) through every loss; READs
- * go one at a time. Completions must come in posting order.
+ * byte for byte. Each keeps DEPTH requests outstanding (WRITEs and READs
+ * in pieces of 1 KiB to 1 MiB), so that RC messages follow each other
+ * before their answers (udp.c, pipelining) through every loss.
+ * Completions must come in posting order.
  *
  * --cut-check: after connecting, wait for the link to be cut (the script
  * removes the route), then post a WRITE and report the completion status
@@ -238,9 +238,10 @@ static void post(struct ep *e, enum ibv_wr_opcode op, uint64_t off,
 		die("post_send");
 }
 
-/* Post op over [0, len) in pieces (WRITE: sizes cycling from 1 KiB to
- * 1 MiB; SEND: CHUNK, as the server's receives), DEPTH outstanding; every
- * completion must succeed, in order. */
+/* Post op over [0, len) in pieces (WRITE and READ: sizes cycling from
+ * 1 KiB to 1 MiB; SEND: CHUNK, as the server's receives), DEPTH
+ * outstanding; every completion must succeed, in order. A READ lands in
+ * the second half of our buffer. */
 static int stream(struct ep *e, enum ibv_wr_opcode op, size_t len,
 		  const struct info *peer)
 {
@@ -256,7 +257,8 @@ static int stream(struct ep *e, enum ibv_wr_opcode op, size_t len,
 				     sizes[posted % (sizeof(sizes) / sizeof(sizes[0]))];
 
 			n = (uint32_t)(n < len - off ? n : len - off);
-			post(e, op, off, n, op == IBV_WR_SEND ? 0 : peer->addr + off,
+			post(e, op, op == IBV_WR_RDMA_READ ? len + off : off, n,
+			     op == IBV_WR_SEND ? 0 : peer->addr + off,
 			     peer->rkey, posted++);
 			off += n;
 		}
@@ -264,7 +266,8 @@ static int stream(struct ep *e, enum ibv_wr_opcode op, size_t len,
 		if (wc.status || wc.wr_id != done) {
 			printf("FAIL %s: completion %" PRIu64 " of %" PRIu64
 			       ": %s, wr_id %" PRIu64 "\n",
-			       op == IBV_WR_SEND ? "send" : "write", done, posted,
+			       op == IBV_WR_SEND ? "send" :
+			       op == IBV_WR_RDMA_READ ? "read" : "write", done, posted,
 			       ibv_wc_status_str(wc.status), (uint64_t)wc.wr_id);
 			return 1;
 		}
@@ -593,19 +596,22 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 	bad |= got != want;
 	/* 2. READ it back into the second half */
 	t0 = now_s();
-	for (size_t off = 0, id = 0; off < len; off += CHUNK, id++) {
-		post(&e, IBV_WR_RDMA_READ, len + off, CHUNK, peer.addr + off, peer.rkey, id);
-		struct ibv_wc wc = wait1(&e);
-
-		if (wc.status) {
-			printf("FAIL read at %zu: %s\n", off, ibv_wc_status_str(wc.status));
-			return 1;
-		}
-	}
+	if (stream(&e, IBV_WR_RDMA_READ, len, &peer))
+		return 1;
 	copy = e.buf + len;
 	got = fnv(copy, len, 1469598103934665603ull);
 	printf("%s read %zu MiB: %.1f MB/s\n", got == want ? "ok" : "FAIL", mib,
 	       len / (now_s() - t0) / 1e6);
+	if (got != want) {
+		/* where: the first and last byte that differ */
+		size_t a = 0, z = len;
+
+		while (a < len && copy[a] == e.buf[a])
+			a++;
+		while (z > a && copy[z - 1] == e.buf[z - 1])
+			z--;
+		printf("FAIL read: bytes %zu to %zu differ\n", a, z - 1);
+	}
 	bad |= got != want;
 	/* 3. SEND it into posted receives */
 	cmd = 2;
