@@ -1298,22 +1298,22 @@ void ursa_uqp_fini(struct ursa_qp *qp)
 
 /*
  * Pipelining. A QP's messages go out one after another without waiting
- * for each other's ACK, as on a NIC: the message being sent is u->m; the
- * ones sent whole before it wait in the pipe (PIPE(u, 0) the oldest) for
- * the cumulative ACK that covers their last PSN (IBTA 9.7.5.1.1) and
- * complete in order. WRITEs and SENDs join a pipe of their kind, READs
- * one of theirs (at most max_rd_atomic outstanding, each asked for whole:
- * its responses land in its own buffers, and a READ completes only by
- * them, never by an ACK). A READ behind WRITEs, a WRITE behind READs and
- * an atomic wait until all before them are answered, so fences need
- * nothing new. Losses stay simple: whatever takes a message of the pipe
- * back (a NAK for one of its PSNs, a READ response missing while later
- * ones come, the timers) first completes those that the NAK
- * acknowledged, then makes the oldest
- * unacknowledged message the one in flight again (pipe_collapse) and
- * drops the state of the others; they go out again after it, with the
- * same PSNs, as go-back-N wants. Without this a QP moved one message per
- * round trip: 9 000 64-byte WRITEs a second between namespaces.
+ * for each other's answers, as on a NIC: the message being sent is u->m;
+ * the ones sent whole before it wait in the pipe (PIPE(u, 0) the oldest)
+ * and complete in order. WRITEs and SENDs join a pipe of their kind and
+ * complete when the cumulative ACK covers their last PSN (IBTA
+ * 9.7.5.1.1); READs join one of theirs (at most max_rd_atomic, each asked
+ * for whole) and complete when all their responses, which land in their
+ * own buffers, are in, never by an ACK. A READ behind WRITEs, a WRITE
+ * behind READs and an atomic wait until all before them are answered, so
+ * fences need nothing new. Losses stay simple: whatever takes a message
+ * of the pipe back (a NAK for one of its PSNs, a READ response missing
+ * while later ones come, the timers) first completes those that the NAK
+ * acknowledged, then makes the oldest unanswered message the one in
+ * flight again (pipe_collapse) and drops the state of the others; they
+ * go out again after it, with the same PSNs, as go-back-N wants. Without
+ * this a QP moved one message per round trip: 9 000 64-byte WRITEs a
+ * second between namespaces.
  */
 static int pipe_class(uint32_t op)
 {
