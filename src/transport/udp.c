@@ -6,9 +6,9 @@
  * Requester: each WQE of a QP's send queue is a message, cut into path-MTU
  * packets with consecutive PSNs and sent in a window of up to 256 packets;
  * WRITEs and SENDs, or READs, follow each other without waiting for their
- * answers (see pipe_class). The responder's cumulative ACKs move the window, a PSN-sequence
- * NAK or the ACK timeout sends again from the first unacknowledged packet
- * (go-back-N).
+ * answers (see pipe_class). The responder's cumulative ACKs move the
+ * window, a PSN-sequence NAK or the ACK timeout sends again from the first
+ * unacknowledged packet (go-back-N).
  *
  * Responder: packets are checked (length, opcode, ICRC, destination QP,
  * source address for connected QPs, PSN) and then executed by the same
