@@ -474,9 +474,8 @@ void ursa_sq_publish(struct ursa_qp *qp, uint32_t n)
 	 * another pass (kernel bypass: no system call, no context switch);
 	 * wake the engine only if something is left that nobody started. */
 	if (ursa_engine_progress_qp(qp) >= 0) {
-		struct ursa_send_wqe *w;
-
 		uint32_t ready = ursa_ring_ready(&qp->sq);
+		struct ursa_send_wqe *w;
 
 		if (!ready)
 			return;

@@ -618,7 +618,8 @@ static bool pipe_walk(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
 	uint32_t n = ursa_ring_ready(&qp->sq);
 	uint32_t head = atomic_load_explicit(&qp->sq.head, memory_order_relaxed);
 
-	for (uint32_t k = 1; k < n; k++) {
+	/* (the pipe holds the first WQEs of the queue: start behind it) */
+	for (uint32_t k = MAX(1u, ursa_udp_piped(qp)); k < n; k++) {
 		struct ursa_send_wqe *w = ursa_ring_slot(&qp->sq, head + k);
 		int in = ursa_udp_inflight(qp, w);
 		struct attempt a = { 0 };

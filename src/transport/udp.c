@@ -1460,8 +1460,9 @@ static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, const addr_t *to,
  * An ACK waits at most URSA_ACK_DELAY_US (default 50 us, 0: never; far
  * below the 1 ms floor of the peer's RTO). When one had to go alone, the
  * next ones go at once (at the pass's end), 1, 3, 7 ... 1023 of them: a
- * peer that only sends (a bandwidth test) is not slowed. NAKs, READ responses and atomic
- * ACKs are never held (they go after the held ACK, in PSN order).
+ * peer that only sends (a bandwidth test) is not slowed. NAKs, READ
+ * responses and atomic ACKs are never held (they go after the held ACK,
+ * in PSN order).
  */
 #define ACK_WAKE_SLACK_NS 1000000ull
 
@@ -1928,6 +1929,13 @@ bool ursa_udp_can_start(struct ursa_qp *qp, const struct ursa_send_wqe *w)
 	return ok;
 }
 
+uint32_t ursa_udp_piped(struct ursa_qp *qp)
+{
+	struct ursa_uqp *u = qp->udp;
+
+	return u ? __atomic_load_n(&u->pipe_n, __ATOMIC_RELAXED) : 0;
+}
+
 int ursa_udp_inflight(struct ursa_qp *qp, const struct ursa_send_wqe *w)
 {
 	struct ursa_uqp *u = qp->udp;
@@ -2195,12 +2203,33 @@ void ursa_udp_tx_hold(bool on)
 
 /* --- receive ------------------------------------------------------------------ */
 
+/* Place READ response packet idx of a READ of len bytes (npkts packets of
+ * mtu) into dst: bounded by what was asked for, into our own buffers.
+ * False (and counted) when its length does not fit. */
+static bool read_place(const struct ursa_sg *dst, uint32_t ndst, uint64_t len,
+		       uint32_t npkts, uint32_t mtu, uint32_t idx,
+		       const struct roce_pkt *p)
+{
+	uint64_t off = (uint64_t)idx * mtu;
+
+	if (off + p->paylen > len || (idx + 1 < npkts && p->paylen != mtu)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
+		return false;
+	}
+	if (p->paylen) {
+		struct ursa_sg s = { (uintptr_t)p->payload, p->paylen };
+
+		ursa_xfer(dst, ndst, false, &s, 1, false, 0, off, p->paylen);
+	}
+	return true;
+}
+
 /* A READ response for a READ of the pipe (see pipe_class). */
 static void pipe_read_resp(struct ursa_qp *qp, struct ursa_uqp *u,
 			   struct upipe *e, const struct roce_pkt *p)
 {
 	uint32_t idx = (p->psn - e->first) & 0xffffff;
-	uint64_t off = (uint64_t)idx * e->mtu, now;
+	uint64_t now;
 
 	if (!e->is_read || e->done || idx != e->acked) {
 		if (e->is_read && !e->done && idx > e->acked && !u->pipe_gap) {
@@ -2210,18 +2239,8 @@ static void pipe_read_resp(struct ursa_qp *qp, struct ursa_uqp *u,
 		atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
 		return;
 	}
-	/* bounded by what we asked for, into our own buffers */
-	if (off + p->paylen > e->len ||
-	    (idx + 1 < e->npkts && p->paylen != e->mtu)) {
-		atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
+	if (!read_place(e->dst, e->ndst, e->len, e->npkts, e->mtu, idx, p))
 		return;
-	}
-	if (p->paylen) {
-		struct ursa_sg s = { (uintptr_t)p->payload, p->paylen };
-
-		ursa_xfer(e->dst, e->ndst, false, &s, 1, false, 0, off,
-			  p->paylen);
-	}
 	now = ursa_now_ns();
 	e->acked++;
 	u->pipe_out -= MIN(u->pipe_out, 1u);
@@ -2237,8 +2256,9 @@ static void pipe_read_resp(struct ursa_qp *qp, struct ursa_uqp *u,
 static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 			const struct roce_pkt *p)
 {
-	uint32_t idx;
+	uint32_t idx, n;
 	uint32_t f = roce_opcode_flags(p->opcode);
+	bool acks, past;
 
 	if (!u->m.active) {
 		atomic_fetch_add(&ursa_udp_cnt.dup, 1);
@@ -2290,8 +2310,6 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 		}
 	}
 	if (f & P_READ) {
-		uint64_t off = (uint64_t)idx * u->m.mtu;
-
 		if (!u->m.is_read || idx != u->m.acked || idx >= u->m.npkts) {
 			/* A gap in the responses: ask again from the first
 			 * missing packet, once per gap (as rxe's completer
@@ -2306,18 +2324,9 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 			}
 			return;
 		}
-		/* bounded by what we asked for, into our own buffers */
-		if (off + p->paylen > u->m.len ||
-		    (idx + 1 < u->m.npkts && p->paylen != u->m.mtu)) {
-			atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
+		if (!read_place(u->m.dst, u->m.ndst, u->m.len, u->m.npkts,
+				u->m.mtu, idx, p))
 			return;
-		}
-		if (p->paylen) {
-			struct ursa_sg s = { (uintptr_t)p->payload, p->paylen };
-
-			ursa_xfer(u->m.dst, u->m.ndst, false, &s, 1, false, 0,
-				  off, p->paylen);
-		}
 		u->cwnd = MIN(WINDOW, u->cwnd + 1);
 		u->m.acked = idx + 1;
 		u->m.progress = true;
@@ -2333,19 +2342,10 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 	 * already hold the messages that go out again behind this one, and
 	 * answers their copies from where it is. A NAK out there concerns
 	 * one of those, which will be sent again. */
-	if (idx >= u->m.npkts && idx < 0x800000 && !u->m.is_read &&
-	    u->m.op != IBV_WR_ATOMIC_CMP_AND_SWP &&
-	    u->m.op != IBV_WR_ATOMIC_FETCH_AND_ADD) {
-		if (u->m.acked < u->m.npkts) {
-			u->cwnd = MIN(WINDOW, u->cwnd + (u->m.npkts - u->m.acked));
-			u->m.acked = u->m.npkts;
-			u->m.progress = true;
-			rtt_acked(u, u->m.acked, ursa_now_ns());
-			u->m.done = true;
-		}
-		return;
-	}
-	if ((p->syndrome & AETH_TYPE_MASK) != AETH_ACK) {
+	acks = !u->m.is_read && u->m.op != IBV_WR_ATOMIC_CMP_AND_SWP &&
+	       u->m.op != IBV_WR_ATOMIC_FETCH_AND_ADD;
+	past = acks && idx >= u->m.npkts && idx < 0x800000;
+	if ((p->syndrome & AETH_TYPE_MASK) != AETH_ACK && !past) {
 		u->m.nak = p->syndrome;
 		u->m.nak_psn = p->psn;
 		return;
@@ -2359,11 +2359,10 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 		return;
 	}
 	/* cumulative ACK of SEND/WRITE packets */
-	if (idx < u->m.npkts && !u->m.is_read &&
-	    u->m.op != IBV_WR_ATOMIC_CMP_AND_SWP &&
-	    u->m.op != IBV_WR_ATOMIC_FETCH_AND_ADD && idx + 1 > u->m.acked) {
-		u->cwnd = MIN(WINDOW, u->cwnd + (idx + 1 - u->m.acked));
-		u->m.acked = idx + 1;
+	n = past ? u->m.npkts : idx + 1;
+	if (acks && (idx < u->m.npkts || past) && n > u->m.acked) {
+		u->cwnd = MIN(WINDOW, u->cwnd + (n - u->m.acked));
+		u->m.acked = n;
 		u->m.progress = true;
 		rtt_acked(u, u->m.acked, ursa_now_ns());
 		u->m.deadline = after(ursa_now_ns(), timeout_ns(qp));

@@ -72,6 +72,9 @@ bool ursa_udp_can_start(struct ursa_qp *qp, const struct ursa_send_wqe *w);
 /* Steps between on and off leave their packets for one flush at off (one
  * sendmmsg for the messages a pipelined send queue starts at once). */
 void ursa_udp_tx_hold(bool on);
+/* How many WQEs, from the head, wait sent whole (the one being sent, if
+ * any, comes next in the queue). */
+uint32_t ursa_udp_piped(struct ursa_qp *qp);
 /* Is w in flight: 1 sent whole, waiting for its ACK; 2 being sent; 0 no. */
 int ursa_udp_inflight(struct ursa_qp *qp, const struct ursa_send_wqe *w);
 
