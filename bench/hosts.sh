@@ -28,6 +28,10 @@ mtu() { # the MTU of the four veth ends; ursa's port follows it (path MTU
 }
 med3() { echo "$@" | tr ' ' '\n' | sort -n | sed -n 2p; }
 
+# perftest's "MB/sec" is 2^20 bytes a second (its message rate times the
+# size says so); the TCP figure is 10^6 bytes a second, and so is every
+# bandwidth this script prints or writes: perftest's are converted.
+MIB=1.048576
 perf() { # perftest between the hosts; prints the client's result row
 	ip netns exec $H1 $E timeout 120 "$@" -F >/dev/null 2>&1 &
 	sleep 0.5
@@ -46,7 +50,7 @@ bw_pair() {
 	t=""; w=""
 	for i in 1 2 3; do
 		t="$t $(tcp_bw)"
-		w="$w $(perf ib_write_bw -s 1048576 -n 400 | awk '{print $4}')"
+		w="$w $(perf ib_write_bw -s 1048576 -n 400 | awk -v m=$MIB '{printf "%.1f", $4 * m}')"
 	done
 	echo "$(med3 $t) $(med3 $w)"
 }
@@ -88,7 +92,7 @@ if [ -n "$CSV" ]; then
 	for op in write read send; do
 		for sz in 64 1024 16384 262144 1048576; do
 			n=$((sz <= 1024 ? 20000 : sz <= 16384 ? 5000 : sz <= 262144 ? 800 : 200))
-			perf ib_${op}_bw -s $sz -n $n | awk -v op=$op '{print "bw," op "," $1 "," $4 "," $5}' >>"$CSV"
+			perf ib_${op}_bw -s $sz -n $n | awk -v op=$op -v m=$MIB '{print "bw," op "," $1 "," $4 * m "," $5}' >>"$CSV"
 		done
 	done
 fi

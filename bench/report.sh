@@ -63,6 +63,10 @@ pt() { # server and client of a perftest command on 127.0.0.1; client output
 	wait
 }
 rows() { awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+/'; }
+# perftest and ucx_perftest print "MB/s" meaning 2^20 bytes a second (their
+# message rates times the size say so); every bandwidth here is in 10^6
+# bytes a second, as bench/samehost's and the TCP figures are.
+MIB=1.048576
 echo "op,bytes,typical_us,p99_us" >"$OUT/perftest_lat.csv"
 echo "op,bytes,qps,avg_MBps,Mpps" >"$OUT/perftest_bw.csv"
 if have ib_write_lat && have ib_write_bw; then
@@ -74,11 +78,11 @@ if have ib_write_lat && have ib_write_bw; then
 	pt ib_atomic_lat -n $N_LAT | rows | awk '{print "atomic," $1 "," $5 "," $8}' >>"$OUT/perftest_lat.csv"
 	for op in write read send; do
 		pt ib_${op}_bw $SIZES -n $N_BW | rows |
-			awk -v op=$op '{print op "," $1 ",1," $4 "," $5}' >>"$OUT/perftest_bw.csv"
+			awk -v op=$op -v m=$MIB '{print op "," $1 ",1," $4 * m "," $5}' >>"$OUT/perftest_bw.csv"
 	done
 	for q in 1 2 8; do
 		pt ib_write_bw -s 64 -q $q -n $((N_BW * 10)) | rows |
-			awk -v q=$q '{print "write_rate," $1 "," q "," $4 "," $5}' >>"$OUT/perftest_bw.csv"
+			awk -v q=$q -v m=$MIB '{print "write_rate," $1 "," q "," $4 * m "," $5}' >>"$OUT/perftest_bw.csv"
 	done
 	# CPU time of both processes per GiB written (1 MiB WRITEs)
 	n=$((N_BW / 2 + 50))
@@ -120,7 +124,7 @@ if have ucx_perftest; then
 		timeout 60 ucx_perftest -p $port >/dev/null 2>&1 &
 		sleep 0.4
 		timeout 60 ucx_perftest 127.0.0.1 -p $port -t $2 -s $3 -n $4 2>/dev/null |
-			awk -v t=$1 -v x=$2 -v s=$3 '/^Final:/ {print t "," x "," s "," $3 "," $7}' >>"$OUT/ucx.csv"
+			awk -v t=$1 -v x=$2 -v s=$3 -v m=$MIB '/^Final:/ {print t "," x "," s "," $3 "," $7 * m}' >>"$OUT/ucx.csv"
 		wait
 	}
 	if [ -n "$QUICK" ]; then LSZ="8"; BSZ="1048576"

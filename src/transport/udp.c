@@ -34,7 +34,15 @@
 
 #include "../proto/roce.h"
 
-#define WINDOW 256		/* packets in flight per QP, at most */
+/* Packets in flight per QP, at most: WINDOW_BYTES of payload, as 256 to
+ * 2048 packets of the path MTU (window_max), so that a path with jumbo
+ * frames keeps as many bytes on the way as one with 1024-byte packets.
+ * The receiver asks for a 4 MiB socket buffer; where net.core.rmem_max
+ * caps it lower, the overflow is a loss like any other and the window
+ * shrinks (window_grow). */
+#define WINDOW_BYTES (2u << 20)
+#define WINDOW 256
+#define WINDOW_MAX 2048
 #define WINDOW_MIN 16		/* ... and at least, after losses */
 #define ACKREQ_EVERY 64
 #define URSA_UDP_PIPE 32	/* messages in flight per QP before the newest */
@@ -136,7 +144,7 @@ struct ursa_uqp {
 	 * full 256-packet window under 5 % loss resent about 12 packets per
 	 * packet delivered; a window that shrinks with loss keeps that down
 	 * while a clean path runs at the full window. */
-	uint32_t cwnd;
+	uint32_t cwnd, ssthresh, cwnd_acc; /* (window_grow) */
 	/* requester: the message in flight (the head WQE) */
 	struct {
 		bool active, done, is_read;
@@ -1244,6 +1252,7 @@ int ursa_uqp_init(struct ursa_qp *qp)
 	pthread_mutex_init(&u->lock, NULL);
 	u->qp = qp;
 	u->cwnd = WINDOW;
+	u->ssthresh = WINDOW_MAX;
 	u->rxfd = -1;
 	/* rxe's choice of source port: 0xC000 + a hash of the QPN */
 	u->sport = (uint16_t)(0xc000 | (((qpn * 0x61c88647u) >> 18) & 0x3fff));
@@ -1410,6 +1419,36 @@ static uint32_t mtu_of(struct ursa_qp *qp)
 		return (uint32_t)ursa_mtu_bytes(ursa_device_get()->active_mtu);
 	return (uint32_t)ursa_mtu_bytes(qp->attr.path_mtu ? qp->attr.path_mtu :
 							    IBV_MTU_1024);
+}
+
+static uint32_t window_max(struct ursa_qp *qp)
+{
+	return MIN(WINDOW_MAX, MAX(WINDOW, WINDOW_BYTES / mtu_of(qp)));
+}
+
+/* n more packets acknowledged. Up to a threshold the window grows by
+ * each packet acknowledged; beyond it, by one packet per window
+ * acknowledged, as TCP's does (RFC 5681). The threshold starts at the
+ * maximum and a loss sets it to half the window then, but never below
+ * WINDOW packets: a lossy path's window comes back at once to WINDOW (a
+ * cumulative ACK may cover hundreds of packets: a pipelined message's
+ * end, an ACK after a NAK), where go-back-N under 5 % loss still moves
+ * the most data, and only slowly beyond it, where each loss would cost
+ * a larger window resent. */
+static void window_grow(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t n)
+{
+	uint32_t max = window_max(qp);
+
+	if (u->cwnd < u->ssthresh) {
+		u->cwnd = MIN(u->cwnd + n, u->ssthresh);
+		return;
+	}
+	u->cwnd_acc += n;
+	while (u->cwnd_acc >= u->cwnd && u->cwnd < max) {
+		u->cwnd_acc -= u->cwnd;
+		u->cwnd++;
+	}
+	u->cwnd = MIN(u->cwnd, max);
 }
 
 static uint8_t transport_bits(struct ursa_qp *qp)
@@ -1819,6 +1858,8 @@ static void go_back(struct ursa_qp *qp, struct ursa_uqp *u, bool atomic,
 	u->timing = false;
 	u->backoff++;
 	u->cwnd = MAX(WINDOW_MIN, u->cwnd / 2);
+	u->ssthresh = MAX(WINDOW, u->cwnd);
+	u->cwnd_acc = 0;
 	if (u->m.is_read)
 		u->m.resend_read = true;
 	else
@@ -1853,7 +1894,7 @@ static void pipe_ack(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t last,
 		n = MIN(idx + 1, e->npkts);
 		if (n > e->acked) {
 			u->pipe_out -= MIN(u->pipe_out, n - e->acked);
-			u->cwnd = MIN(WINDOW, u->cwnd + (n - e->acked));
+			window_grow(qp, u, n - e->acked);
 			e->acked = n;
 			moved = true;
 		}
@@ -2244,7 +2285,7 @@ static void pipe_read_resp(struct ursa_qp *qp, struct ursa_uqp *u,
 	now = ursa_now_ns();
 	e->acked++;
 	u->pipe_out -= MIN(u->pipe_out, 1u);
-	u->cwnd = MIN(WINDOW, u->cwnd + 1);
+	window_grow(qp, u, 1);
 	rtt_acked_psn(u, p->psn, now);
 	u->m.deadline = after(now, timeout_ns(qp));
 	u->m.rto = after(now, rto_ns(qp));
@@ -2327,7 +2368,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 		if (!read_place(u->m.dst, u->m.ndst, u->m.len, u->m.npkts,
 				u->m.mtu, idx, p))
 			return;
-		u->cwnd = MIN(WINDOW, u->cwnd + 1);
+		window_grow(qp, u, 1);
 		u->m.acked = idx + 1;
 		u->m.progress = true;
 		rtt_acked(u, u->m.acked, ursa_now_ns());
@@ -2361,7 +2402,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 	/* cumulative ACK of SEND/WRITE packets */
 	n = past ? u->m.npkts : idx + 1;
 	if (acks && (idx < u->m.npkts || past) && n > u->m.acked) {
-		u->cwnd = MIN(WINDOW, u->cwnd + (n - u->m.acked));
+		window_grow(qp, u, n - u->m.acked);
 		u->m.acked = n;
 		u->m.progress = true;
 		rtt_acked(u, u->m.acked, ursa_now_ns());
