@@ -38,6 +38,7 @@
 static int quick;
 static int lat_only;	/* --lat N: only the WRITE latency, N round trips
 			 * (for profiling) */
+static int send_only;	/* --send N: only the SEND latency, N round trips */
 
 static double now_us(void)
 {
@@ -495,6 +496,8 @@ int main(int argc, char **argv)
 			csv = fopen(argv[++i], "w");
 		else if (!strcmp(argv[i], "--lat") && i + 1 < argc)
 			lat_only = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--send") && i + 1 < argc)
+			send_only = atoi(argv[++i]);
 	}
 	printf("ursa same-host benchmark%s: 2 processes, %ld CPUs\n",
 	       quick ? " (quick)" : "", sysconf(_SC_NPROCESSORS_ONLN));
@@ -533,6 +536,11 @@ int main(int argc, char **argv)
 	printf("\nlatency (us)                 median      p99   median/limit\n");
 	if (csv)
 		fprintf(csv, "kind,op,size,qps,value,unit,limit,ratio\n");
+	if (send_only) {
+		lat_send(&s, sv[0], send_only, &m, &p);
+		printf("  8 B SEND, one way        %8.2f %8.2f   %6.2fx\n", m, p, m / pm);
+		return 0;
+	}
 	lat_write(&s, &t, sv[0], lat_only ? lat_only : nlat, &m, &p);
 	printf("  8 B WRITE, one way       %8.2f %8.2f   %6.2fx   (%.2fx the two-line pattern, %.2fx the syscall floor)\n",
 	       m, p, m / pm, m / pm2, m / fm);
