@@ -34,12 +34,13 @@
 
 #include "../proto/roce.h"
 
-/* Packets in flight per QP, at most: WINDOW_BYTES of payload, as 256 to
- * 2048 packets of the path MTU (window_max), so that a path with jumbo
- * frames keeps as many bytes on the way as one with 1024-byte packets.
- * The receiver asks for a 4 MiB socket buffer; where net.core.rmem_max
- * caps it lower, the overflow is a loss like any other and the window
- * shrinks (window_grow). */
+/* Packets in flight per QP, at most: WINDOW_BYTES of payload, and half
+ * what the receive socket's buffer holds (the kernel counts about twice
+ * the payload against it), as 256 to 2048 packets of the path MTU
+ * (window_max): a path with jumbo frames keeps as many bytes on the way
+ * as one with 1024-byte packets. The sockets ask for 4-8 MiB of buffer;
+ * net.core.rmem_max (often 208 KiB) may cap it, and the peer's is taken
+ * to be like ours. */
 #define WINDOW_BYTES (2u << 20)
 #define WINDOW 256
 #define WINDOW_MAX 2048
@@ -106,6 +107,7 @@ static struct {
 				 * receive sockets (one epoll_wait tells a
 				 * pass which of them to read) */
 	atomic_bool live;	/* RoCEv2 traffic was sent or received */
+	int rcvbuf;		/* what the kernel granted the receive socket */
 	bool tried;		/* environment read */
 	bool socks_tried;	/* sockets opened (again in a forked child) */
 	int users;		/* open contexts (under lock) */
@@ -785,8 +787,11 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 		if (fd >= 0 && !setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) &&
 		    !bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
 			int big = 8 << 20;
+			socklen_t bl = sizeof(U.rcvbuf);
 
 			setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+			if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &U.rcvbuf, &bl))
+				U.rcvbuf = 0;
 			gro_on(fd);
 			U.fd = fd;
 			U.fd6 = open6();
@@ -1423,7 +1428,10 @@ static uint32_t mtu_of(struct ursa_qp *qp)
 
 static uint32_t window_max(struct ursa_qp *qp)
 {
-	return MIN(WINDOW_MAX, MAX(WINDOW, WINDOW_BYTES / mtu_of(qp)));
+	int rb = __atomic_load_n(&U.rcvbuf, __ATOMIC_RELAXED);
+	uint32_t bytes = MIN(WINDOW_BYTES, (uint32_t)MAX(rb, 0) / 2);
+
+	return MIN(WINDOW_MAX, MAX(WINDOW, bytes / mtu_of(qp)));
 }
 
 /* n more packets acknowledged. Up to a threshold the window grows by
