@@ -4,7 +4,7 @@
  * docs/design.md). IPv4 GIDs only for now.
  *
  * Requester: each WQE of a QP's send queue is a message, cut into path-MTU
- * packets with consecutive PSNs and sent in a window of up to 256 packets;
+ * packets with consecutive PSNs and sent in a window (window_max);
  * WRITEs and SENDs, or READs, follow each other without waiting for their
  * answers (see pipe_class). The responder's cumulative ACKs move the
  * window, a PSN-sequence NAK or the ACK timeout sends again from the first
@@ -141,9 +141,9 @@ struct ursa_uqp {
 	uint32_t next_psn;	/* requester: PSN of the next new message */
 	uint64_t srtt, rttvar;	/* round-trip estimate, ns (0: none yet) */
 	unsigned backoff;	/* early retransmissions with no progress */
-	/* Window in packets: halved by every go-back, grown by each newly
-	 * acknowledged packet. Go-back-N resends everything in flight, so a
-	 * full 256-packet window under 5 % loss resent about 12 packets per
+	/* Window in packets: halved by every go-back, grown as acknowledged
+	 * (window_grow). Go-back-N resends everything in flight, so a full
+	 * 256-packet window under 5 % loss resent about 12 packets per
 	 * packet delivered; a window that shrinks with loss keeps that down
 	 * while a clean path runs at the full window. */
 	uint32_t cwnd, ssthresh, cwnd_acc; /* (window_grow) */
