@@ -15,7 +15,12 @@
  * byte for byte. Each keeps DEPTH requests outstanding (WRITEs and READs
  * in pieces of 1 KiB to 1 MiB), so that RC messages follow each other
  * before their answers (udp.c, pipelining) through every loss.
- * Completions must come in posting order.
+ * Completions must come in posting order. Then ATOMICS fetch-and-adds
+ * and compare-and-swaps on one word of the server, with 8-byte READs of
+ * it among them, 16 outstanding (max_rd_atomic): each must return the
+ * word as every operation posted before it left it, and none after (the
+ * responder executes in PSN order, a resent atomic is answered from its
+ * saved result, never applied twice).
  *
  * --cut-check: after connecting, wait for the link to be cut (the script
  * removes the route), then post a WRITE and report the completion status
@@ -55,6 +60,7 @@
 #define CHUNK (1u << 20)
 #define PINGS 200
 #define DEPTH 24
+#define ATOMICS 3000
 
 struct info {
 	uint32_t qpn, rkey;
@@ -144,7 +150,8 @@ static void ep_open(struct ep *e, size_t len, const char *ip)
 		die("resources");
 	memset(e->buf, 0, len);
 	e->mr = ibv_reg_mr(e->pd, e->buf, len, IBV_ACCESS_LOCAL_WRITE |
-			   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+			   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			   IBV_ACCESS_REMOTE_ATOMIC);
 	ia.send_cq = ia.recv_cq = e->cq;
 	ia.qp_type = IBV_QPT_RC;
 	ia.cap.max_send_wr = ia.cap.max_recv_wr = 512;
@@ -159,7 +166,8 @@ static void ep_connect(struct ep *e, const struct info *peer, int timeout,
 		       int retry)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				   IBV_ACCESS_REMOTE_ATOMIC };
 
 	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
 			  IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
@@ -236,6 +244,72 @@ static void post(struct ep *e, enum ibv_wr_opcode op, uint64_t off,
 	wr.wr.rdma.rkey = rkey;
 	if (ibv_post_send(e->qp, &wr, &bad))
 		die("post_send");
+}
+
+/* ATOMICS operations on the word at raddr, 16 outstanding: every 8th a
+ * compare-and-swap that expects the word's value then, every 5th an
+ * 8-byte READ, the rest fetch-and-adds of 3. Results land in res[i]. */
+static int atomics(struct ep *e, uint64_t res_off, uint64_t raddr,
+		   uint32_t rkey)
+{
+	uint64_t *res = (uint64_t *)(e->buf + res_off), base, v;
+	uint64_t posted = 0, done = 0;
+	struct ibv_wc wc;
+	int bad = 0;
+
+	post(e, IBV_WR_RDMA_READ, res_off, 8, raddr, rkey, 0);
+	if (wait1(e).status)
+		die("reading the word");
+	base = v = res[0];
+	while (done < ATOMICS) {
+		while (posted < ATOMICS && posted - done < 16) {
+			uint64_t i = posted;
+			struct ibv_sge sg = { (uintptr_t)&res[i], 8, e->mr->lkey };
+			struct ibv_send_wr wr = { .wr_id = i, .sg_list = &sg,
+				.num_sge = 1, .send_flags = IBV_SEND_SIGNALED }, *b;
+
+			res[i] = 0xdeadbeefdeadbeefull;
+			if (i % 5 == 4) {
+				wr.opcode = IBV_WR_RDMA_READ;
+				wr.wr.rdma.remote_addr = raddr;
+				wr.wr.rdma.rkey = rkey;
+			} else {
+				wr.opcode = i % 8 == 7 ? IBV_WR_ATOMIC_CMP_AND_SWP :
+							 IBV_WR_ATOMIC_FETCH_AND_ADD;
+				wr.wr.atomic.remote_addr = raddr;
+				wr.wr.atomic.rkey = rkey;
+				wr.wr.atomic.compare_add = i % 8 == 7 ? v : 3;
+				wr.wr.atomic.swap = v + 3;
+				v += 3;
+			}
+			if (ibv_post_send(e->qp, &wr, &b))
+				die("post atomic");
+			posted++;
+		}
+		wc = wait1(e);
+		if (wc.status || wc.wr_id != done) {
+			printf("FAIL atomic: completion %" PRIu64 ": %s, wr_id %" PRIu64 "\n",
+			       done, ibv_wc_status_str(wc.status), (uint64_t)wc.wr_id);
+			return 1;
+		}
+		done++;
+	}
+	/* what each saw: the word after every earlier operation */
+	v = base;
+	for (uint64_t i = 0; i < ATOMICS; i++) {
+		if (res[i] != v && !bad++)
+			printf("FAIL atomic: operation %" PRIu64 " saw %" PRIu64
+			       ", not %" PRIu64 "\n", i, res[i] - base, v - base);
+		if (i % 5 != 4)
+			v += 3;
+	}
+	post(e, IBV_WR_RDMA_READ, res_off, 8, raddr, rkey, 0);
+	if (wait1(e).status)
+		die("reading the word");
+	if (res[0] != v && !bad++)
+		printf("FAIL atomic: the word is base + %" PRIu64 ", not + %" PRIu64 "\n",
+		       res[0] - base, v - base);
+	return bad;
 }
 
 /* Post op over [0, len) in pieces (WRITE and READ: sizes cycling from
@@ -624,6 +698,12 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 	printf("%s send %zu MiB: %.1f MB/s\n", got == want ? "ok" : "FAIL", mib,
 	       len / (now_s() - t0) / 1e6);
 	bad |= got != want;
+	/* 4. atomics and READs of one word, pipelined */
+	t0 = now_s();
+	if (atomics(&e, len, peer.addr, peer.rkey))
+		return 1;
+	printf("ok atomic %d operations: %.0f a second\n", ATOMICS,
+	       ATOMICS / (now_s() - t0));
 	print_counters();
 	cmd = 9;
 	xio(s, &cmd, sizeof(cmd), 1);
