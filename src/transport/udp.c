@@ -172,7 +172,8 @@ struct ursa_uqp {
 		struct ursa_send_wqe *wqe;
 		uint32_t op, first, npkts, mtu, acked;
 		uint64_t len;
-		bool done, is_read;
+		bool done, is_read, is_atomic;
+		uint64_t orig;		/* an atomic's answer */
 		uint32_t ndst;		/* READ: where the responses go */
 		struct ursa_sg dst[URSA_MAX_SGE];
 	} pipe_ring[URSA_UDP_PIPE];	/* PIPE(u, i): the i-th oldest */
@@ -1316,26 +1317,34 @@ void ursa_uqp_fini(struct ursa_qp *qp)
  * the ones sent whole before it wait in the pipe (PIPE(u, 0) the oldest)
  * and complete in order. WRITEs and SENDs join a pipe of their kind and
  * complete when the cumulative ACK covers their last PSN (IBTA
- * 9.7.5.1.1); READs join one of theirs (at most max_rd_atomic, each asked
- * for whole) and complete when all their responses, which land in their
- * own buffers, are in, never by an ACK. A READ behind WRITEs, a WRITE
- * behind READs and an atomic wait until all before them are answered, so
- * fences need nothing new. Losses stay simple: whatever takes a message
- * of the pipe back (a NAK for one of its PSNs, a READ response missing
- * while later ones come, the timers) first completes those that the NAK
+ * 9.7.5.1.1); READs and atomics join one of theirs (at most max_rd_atomic
+ * of them, IBTA 9.7.7.3, each READ asked for whole) and complete when all
+ * their responses are in (a READ's land in its own buffers, an atomic's
+ * one ATOMIC ACKNOWLEDGE brings its original value), never by an ACK. A
+ * READ or atomic behind WRITEs and a WRITE behind READs or atomics wait
+ * until all before them are answered, so fences need nothing new. Losses
+ * stay simple: whatever takes a message of the pipe back (a NAK for one
+ * of its PSNs, a response missing while later ones come, the timers)
+ * first completes those that the NAK
  * acknowledged, then makes the oldest unanswered message the one in
  * flight again (pipe_collapse) and drops the state of the others; they
  * go out again after it, with the same PSNs, as go-back-N wants. Without
  * this a QP moved one message per round trip: 9 000 64-byte WRITEs a
  * second between namespaces.
  */
+static bool is_atomic_op(uint32_t op)
+{
+	return op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	       op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
 static int pipe_class(uint32_t op)
 {
 	if (op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM ||
 	    op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM ||
 	    op == IBV_WR_SEND_WITH_INV)
 		return 1;
-	return op == IBV_WR_RDMA_READ ? 2 : 0;
+	return op == IBV_WR_RDMA_READ || is_atomic_op(op) ? 2 : 0;
 }
 
 /* The pipe entry holding PSN psn, or -1. */
@@ -1897,8 +1906,9 @@ static void pipe_ack(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t last,
 
 		if (e->done)
 			continue;
-		if (idx >= 0x800000 || e->is_read)
-			break;	/* (before this message; a READ: its responses) */
+		if (idx >= 0x800000 || e->is_read || e->is_atomic)
+			break;	/* (before this message; READ, atomic: their
+				 * responses) */
 		n = MIN(idx + 1, e->npkts);
 		if (n > e->acked) {
 			u->pipe_out -= MIN(u->pipe_out, n - e->acked);
@@ -1946,7 +1956,7 @@ static void pipe_collapse(struct ursa_uqp *u)
 	u->next_psn = psn_add(e.first, e.npkts);
 	pipe_drop(u);
 	u->timing = false;
-	if (e.is_read)
+	if (e.is_read || e.is_atomic)
 		u->pipe_cool = e.wqe;
 }
 
@@ -2062,6 +2072,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		/* the oldest message in flight: done, or taken back */
 		if (PIPE(u, 0)->done) {
 			resp->ack = URSA_ACK;
+			resp->atomic_orig = PIPE(u, 0)->orig;
 			pipe_pop(u);
 			ret = 1;
 			goto out;
@@ -2090,6 +2101,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			.npkts = u->m.npkts, .mtu = u->m.mtu,
 			.acked = u->m.acked, .len = u->m.len,
 			.is_read = u->m.is_read, .ndst = u->m.ndst,
+			.is_atomic = is_atomic_op(u->m.op),
 		};
 		memcpy(e->dst, u->m.dst, u->m.ndst * sizeof(e->dst[0]));
 		u->pipe_out += u->m.npkts - u->m.acked;
@@ -2273,22 +2285,28 @@ static bool read_place(const struct ursa_sg *dst, uint32_t ndst, uint64_t len,
 	return true;
 }
 
-/* A READ response for a READ of the pipe (see pipe_class). */
+/* A READ response or an ATOMIC ACKNOWLEDGE for a READ or atomic of the
+ * pipe (see pipe_class). */
 static void pipe_read_resp(struct ursa_qp *qp, struct ursa_uqp *u,
 			   struct upipe *e, const struct roce_pkt *p)
 {
 	uint32_t idx = (p->psn - e->first) & 0xffffff;
+	bool atomic_ack = (p->opcode & 0x1f) == OP_ATOMIC_ACK;
 	uint64_t now;
 
-	if (!e->is_read || e->done || idx != e->acked) {
-		if (e->is_read && !e->done && idx > e->acked && !u->pipe_gap) {
+	if (e->done || idx != e->acked || atomic_ack != e->is_atomic ||
+	    (!e->is_read && !e->is_atomic)) {
+		if (e->is_read && !atomic_ack && !e->done && idx > e->acked &&
+		    !u->pipe_gap) {
 			u->pipe_gap = true;	/* ask again (pipe_collapse) */
 			atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
 		}
 		atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
 		return;
 	}
-	if (!read_place(e->dst, e->ndst, e->len, e->npkts, e->mtu, idx, p))
+	if (e->is_atomic)
+		e->orig = p->orig;
+	else if (!read_place(e->dst, e->ndst, e->len, e->npkts, e->mtu, idx, p))
 		return;
 	now = ursa_now_ns();
 	e->acked++;
@@ -2337,15 +2355,16 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 		}
 	}
 	idx = (p->psn - u->m.first) & 0xffffff;
-	if (u->pipe_n && (f & P_READ)) {
+	if (u->pipe_n && ((f & P_READ) || (p->opcode & 0x1f) == OP_ATOMIC_ACK)) {
 		int i = pipe_holds(u, p->psn);
 		const struct upipe *prev = i > 0 ? PIPE(u, i - 1) :
 					   i < 0 && idx < u->m.npkts ?
 					   PIPE(u, u->pipe_n - 1) : NULL;
 
 		if (prev && !prev->done) {
-			/* a later READ's responses while an earlier one's
-			 * are missing: those were lost */
+			/* a later READ's or atomic's responses while an
+			 * earlier one's are missing: those were lost (the
+			 * responder answers in PSN order) */
 			if (!u->pipe_gap) {
 				u->pipe_gap = true;
 				atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);

@@ -63,12 +63,12 @@ xfer_pair() {
 	crc=$?
 	wait $spid
 	cat "$tmp/c" | sed 's/^/    /'
-	if [ $crc = 0 ] && [ "$(grep -c '^ok ' "$tmp/c")" -ge 3 ]; then ok "$name"
+	if [ $crc = 0 ] && [ "$(grep -c '^ok ' "$tmp/c")" -ge 4 ]; then ok "$name"
 	else bad "$name" "exit $crc"; fi
 }
 F="loss=5,dup=1,reorder=1,corrupt=1,delay=1,delay_us=300"
 SRV_ENV="URSA_FAULT=$F,seed=11" CLI_ENV="URSA_FAULT=$F,seed=12" \
-	xfer_pair "RC $MIB MiB WRITE/READ/SEND under 5% loss, 1% dup, reorder, corruption, delay" "$MIB"
+	xfer_pair "RC $MIB MiB WRITE/READ/SEND and atomics under 5% loss, 1% dup, reorder, corruption, delay" "$MIB"
 
 # 1b. pipelined SENDs into a receiver that posts one receive at a time,
 # 5 ms after each completion: RNR NAKs in the stream, every SEND once, in
@@ -139,8 +139,8 @@ r2=$?
 wait $c1; r1=$?
 wait $s1 $s2
 sed 's/^/    1: /' "$tmp/c1"; sed 's/^/    2: /' "$tmp/c2"
-if [ $r1 = 0 ] && [ $r2 = 0 ] && [ "$(grep -c '^ok ' "$tmp/c1")" -ge 3 ] &&
-   [ "$(grep -c '^ok ' "$tmp/c2")" -ge 3 ]; then
+if [ $r1 = 0 ] && [ $r2 = 0 ] && [ "$(grep -c '^ok ' "$tmp/c1")" -ge 4 ] &&
+   [ "$(grep -c '^ok ' "$tmp/c2")" -ge 4 ]; then
 	ok "two processes per host at once"
 else
 	bad "two processes per host at once" "exit $r1 / $r2"
