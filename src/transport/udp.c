@@ -1318,7 +1318,7 @@ void ursa_uqp_fini(struct ursa_qp *qp)
  * and complete in order. WRITEs and SENDs join a pipe of their kind and
  * complete when the cumulative ACK covers their last PSN (IBTA
  * 9.7.5.1.1); READs and atomics join one of theirs (at most max_rd_atomic
- * of them, IBTA 9.7.7.3, each READ asked for whole) and complete when all
+ * of them, each READ asked for whole) and complete when all
  * their responses are in (a READ's land in its own buffers, an atomic's
  * one ATOMIC ACKNOWLEDGE brings its original value), never by an ACK. A
  * READ or atomic behind WRITEs and a WRITE behind READs or atomics wait
