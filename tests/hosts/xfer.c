@@ -32,6 +32,9 @@
  * pipelining), the 6 after it with WR_FLUSH_ERR, all in order; the first
  * 5 WRITEs' bytes are in the server's buffer.
  *
+ * --bad-middle-atomic: the same with 12 fetch-and-adds on 12 zero words:
+ * the 5 before the refused one return 0.
+ *
  * --acks: the delayed ACK (transport/udp.c ack_later):
  * - PINGS one-way WRITEs, each awaited: the server, which never sends a
  *   request, holds only a few ACKs (the backoff), not one per WRITE;
@@ -564,17 +567,33 @@ static int acks_check(struct ep *e, int s, const struct info *peer)
 
 /* --bad-middle (see the top of the file) */
 static int bad_middle(struct ep *e, int s, const struct info *peer,
-		      uint64_t *cmd)
+		      uint64_t *cmd, bool atomic)
 {
 	const int n = 12, bad_at = 5;
-	uint64_t sum;
+	uint64_t sum, *res = (uint64_t *)e->buf;
 	int bad = 0;
 
-	for (int i = 0; i < n; i++)
-		post(e, IBV_WR_RDMA_WRITE, (uint64_t)i * 4096, 4096,
-		     peer->addr + (uint64_t)i * 4096,
-		     i == bad_at ? peer->rkey ^ 0x5a5a00 : peer->rkey,
-		     (uint64_t)i);
+	for (int i = 0; i < n; i++) {
+		uint32_t rkey = i == bad_at ? peer->rkey ^ 0x5a5a00 : peer->rkey;
+
+		if (atomic) {	/* fetch-and-add 1 on word i (zero) */
+			struct ibv_sge sg = { (uintptr_t)&res[i], 8, e->mr->lkey };
+			struct ibv_send_wr wr = { .wr_id = (uint64_t)i,
+				.sg_list = &sg, .num_sge = 1,
+				.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+				.send_flags = IBV_SEND_SIGNALED }, *b;
+
+			res[i] = 77;
+			wr.wr.atomic.remote_addr = peer->addr + (uint64_t)i * 8;
+			wr.wr.atomic.rkey = rkey;
+			wr.wr.atomic.compare_add = 1;
+			if (ibv_post_send(e->qp, &wr, &b))
+				die("post atomic");
+		} else {
+			post(e, IBV_WR_RDMA_WRITE, (uint64_t)i * 4096, 4096,
+			     peer->addr + (uint64_t)i * 4096, rkey, (uint64_t)i);
+		}
+	}
 	for (int i = 0; i < n; i++) {
 		struct ibv_wc wc = wait1(e);
 		enum ibv_wc_status want = i < bad_at ? IBV_WC_SUCCESS :
@@ -588,23 +607,32 @@ static int bad_middle(struct ep *e, int s, const struct info *peer,
 			bad = 1;
 		}
 	}
-	/* the server checksums the part the good WRITEs covered */
-	*cmd = 6;
-	xio(s, cmd, sizeof(*cmd), 1);
-	xio(s, &sum, sizeof(sum), 0);
-	if (sum != fnv(e->buf, (size_t)bad_at * 4096, 1469598103934665603ull)) {
-		printf("FAIL the good WRITEs' bytes\n");
-		bad = 1;
+	if (atomic) {
+		/* the good ones saw their words' first value */
+		for (int i = 0; i < bad_at; i++)
+			if (res[i]) {
+				printf("FAIL atomic %d returned %" PRIu64 "\n", i, res[i]);
+				bad = 1;
+			}
+	} else {
+		/* the server checksums the part the good WRITEs covered */
+		*cmd = 6;
+		xio(s, cmd, sizeof(*cmd), 1);
+		xio(s, &sum, sizeof(sum), 0);
+		if (sum != fnv(e->buf, (size_t)bad_at * 4096, 1469598103934665603ull)) {
+			printf("FAIL the good WRITEs' bytes\n");
+			bad = 1;
+		}
 	}
-	printf("%s WRITEs before, at and after a refused one, pipelined\n",
-	       bad ? "FAIL" : "ok");
+	printf("%s %s before, at and after a refused one, pipelined\n",
+	       bad ? "FAIL" : "ok", atomic ? "atomics" : "WRITEs");
 	*cmd = 9;
 	xio(s, cmd, sizeof(*cmd), 1);
 	return bad;
 }
 
 static int client(const char *host, int port, size_t mib, int cut_check,
-		  int acks, int badm)
+		  int acks, int badm, int bada)
 {
 	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
 	int s = socket(AF_INET6, SOCK_STREAM, 0), bad = 0;
@@ -646,8 +674,8 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 
 	if (acks)
 		return acks_check(&e, s, &peer);
-	if (badm)
-		return bad_middle(&e, s, &peer, &cmd);
+	if (badm || bada)
+		return bad_middle(&e, s, &peer, &cmd, bada);
 	if (cut_check) {
 		struct ibv_wc wc;
 
@@ -727,7 +755,8 @@ int main(int argc, char **argv)
 		return client(argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 0),
 			      argc > 5 && !strcmp(argv[5], "--cut-check"),
 			      argc > 5 && !strcmp(argv[5], "--acks"),
-			      argc > 5 && !strcmp(argv[5], "--bad-middle"));
+			      argc > 5 && !strcmp(argv[5], "--bad-middle"),
+			      argc > 5 && !strcmp(argv[5], "--bad-middle-atomic"));
 	fprintf(stderr, "usage: xfer server PORT | xfer client IP PORT MIB [--cut-check]\n");
 	return 2;
 }

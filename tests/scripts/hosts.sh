@@ -95,6 +95,18 @@ if [ $crc = 0 ] && grep -q '^ok WRITEs before' "$tmp/c"; then
 else
 	bad "a refused WRITE among pipelined ones" "exit $crc"
 fi
+# ... and a refused fetch-and-add among pipelined atomics
+ip netns exec $H1 $RUN timeout 60 "$XFER" server 7251 >"$tmp/s" 2>&1 &
+spid=$!
+ip netns exec $H2 $RUN timeout 60 "$XFER" client $IP1 7251 1 --bad-middle-atomic >"$tmp/c" 2>&1
+crc=$?
+wait $spid
+sed 's/^/    /' "$tmp/c"
+if [ $crc = 0 ] && grep -q '^ok atomics before' "$tmp/c"; then
+	ok "a refused atomic among pipelined ones: completions in order"
+else
+	bad "a refused atomic among pipelined ones" "exit $crc"
+fi
 
 # 2a. over IPv6: RoCEv2 GIDs that are IPv6 addresses
 XHOST=$IP61 SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 8)) MiB over IPv6" "$((MIB / 8))"
