@@ -83,30 +83,23 @@ fi
 
 # 1c. a refused WRITE in the middle of a pipelined run: those before it
 # succeed, it fails with REM_ACCESS_ERR, those after it are flushed, in
-# order (the NAK reaches a message sent behind others)
-ip netns exec $H1 $RUN timeout 60 "$XFER" server 7250 >"$tmp/s" 2>&1 &
-spid=$!
-ip netns exec $H2 $RUN timeout 60 "$XFER" client $IP1 7250 1 --bad-middle >"$tmp/c" 2>&1
-crc=$?
-wait $spid
-sed 's/^/    /' "$tmp/c"
-if [ $crc = 0 ] && grep -q '^ok WRITEs before' "$tmp/c"; then
-	ok "a refused WRITE among pipelined ones: completions in order"
-else
-	bad "a refused WRITE among pipelined ones" "exit $crc"
-fi
-# ... and a refused fetch-and-add among pipelined atomics
-ip netns exec $H1 $RUN timeout 60 "$XFER" server 7251 >"$tmp/s" 2>&1 &
-spid=$!
-ip netns exec $H2 $RUN timeout 60 "$XFER" client $IP1 7251 1 --bad-middle-atomic >"$tmp/c" 2>&1
-crc=$?
-wait $spid
-sed 's/^/    /' "$tmp/c"
-if [ $crc = 0 ] && grep -q '^ok atomics before' "$tmp/c"; then
-	ok "a refused atomic among pipelined ones: completions in order"
-else
-	bad "a refused atomic among pipelined ones" "exit $crc"
-fi
+# order (the NAK reaches a message sent behind others); then the same with
+# fetch-and-adds
+refused_middle() { # PORT FLAG WHAT
+	ip netns exec $H1 $RUN timeout 60 "$XFER" server $1 >"$tmp/s" 2>&1 &
+	spid=$!
+	ip netns exec $H2 $RUN timeout 60 "$XFER" client $IP1 $1 1 $2 >"$tmp/c" 2>&1
+	crc=$?
+	wait $spid
+	sed 's/^/    /' "$tmp/c"
+	if [ $crc = 0 ] && grep -q "^ok ${3}s before" "$tmp/c"; then
+		ok "a refused $3 among pipelined ones: completions in order"
+	else
+		bad "a refused $3 among pipelined ones" "exit $crc"
+	fi
+}
+refused_middle 7250 --bad-middle WRITE
+refused_middle 7251 --bad-middle-atomic atomic
 
 # 2a. over IPv6: RoCEv2 GIDs that are IPv6 addresses
 XHOST=$IP61 SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 8)) MiB over IPv6" "$((MIB / 8))"
