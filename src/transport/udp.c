@@ -1457,7 +1457,7 @@ static void window_grow(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t n)
 	uint32_t max = window_max(qp);
 
 	if (u->cwnd < u->ssthresh) {
-		u->cwnd = MIN(u->cwnd + n, u->ssthresh);
+		u->cwnd = MIN(MIN(u->cwnd + n, u->ssthresh), max);
 		return;
 	}
 	u->cwnd_acc += n;
