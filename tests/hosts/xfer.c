@@ -4,7 +4,8 @@
  * "hosts" (network namespaces) by tests/scripts/hosts.sh.
  *
  *   xfer server PORT
- *   xfer client SERVER_IP PORT MIB [--cut-check]
+ *   xfer client SERVER_IP PORT MIB [--cut-check|--acks|--bad-middle|
+ *                                    --bad-middle-atomic]
  *
  * The two exchange (QPN, GID, address, rkey) over TCP, connect an RC QP
  * pair, and the client then moves MIB MiB of pseudo-random data three ways:
@@ -757,6 +758,7 @@ int main(int argc, char **argv)
 			      argc > 5 && !strcmp(argv[5], "--acks"),
 			      argc > 5 && !strcmp(argv[5], "--bad-middle"),
 			      argc > 5 && !strcmp(argv[5], "--bad-middle-atomic"));
-	fprintf(stderr, "usage: xfer server PORT | xfer client IP PORT MIB [--cut-check]\n");
+	fprintf(stderr, "usage: xfer server PORT | xfer client IP PORT MIB "
+		"[--cut-check|--acks|--bad-middle|--bad-middle-atomic]\n");
 	return 2;
 }
