@@ -506,11 +506,15 @@ static int acks_check(struct ep *e, int s, const struct info *peer)
 	cmd = 4;
 	xio(s, &cmd, sizeof(cmd), 1);
 	xio(s, r, sizeof(r), 0);
-	/* one ACK held alone, then 1, 3, 7 ... sent at once: about log2 */
+	/* One ACK held alone, then 1, 3, 7 ... sent at once: about log2
+	 * (8). A duplicate's ACK, which goes at once and takes the held one
+	 * along, starts the backoff over: on a loaded host the client's RTO
+	 * (1 ms) sometimes fires while the server holds an ACK (500 us here)
+	 * and waits for a core, which once made 14. Not holding: 200. */
 	printf("%s one way: %d WRITEs, the server held %" PRIu64 " ACKs, %"
-	       PRIu64 " sent alone\n", r[1] >= 1 && r[1] <= 12 ? "ok" : "FAIL",
+	       PRIu64 " sent alone\n", r[1] >= 1 && r[1] <= 24 ? "ok" : "FAIL",
 	       PINGS, r[0], r[1]);
-	bad |= !(r[1] >= 1 && r[1] <= 12);
+	bad |= !(r[1] >= 1 && r[1] <= 24);
 	memcpy(r0, r, sizeof(r0));
 
 	cmd = 3;
@@ -532,12 +536,16 @@ static int acks_check(struct ep *e, int s, const struct info *peer)
 	}
 	if (ursa_udp_stats(&st))
 		die("ursa_udp_stats");
-	/* (the last ACK is still held: nothing follows it yet) */
+	/* (the last ACK is still held: nothing follows it yet) An ACK goes
+	 * alone when this thread waits for a core longer than the ACK delay
+	 * (50 us) before its next SEND: under a CPU hog up to 46 of 144 (a
+	 * quarter was the bound before, and failed there 2 times in 30);
+	 * without holding, all of them. */
 	printf("%s ping-pong: %d rounds, %" PRIu64 " ACKs held, %" PRIu64
 	       " of them sent alone\n",
-	       st.acks_held >= PINGS / 2 && st.acks_alone * 4 < st.acks_held ?
+	       st.acks_held >= PINGS / 2 && st.acks_alone * 2 < st.acks_held ?
 	       "ok" : "FAIL", PINGS, st.acks_held, st.acks_alone);
-	bad |= !(st.acks_held >= PINGS / 2 && st.acks_alone * 4 < st.acks_held);
+	bad |= !(st.acks_held >= PINGS / 2 && st.acks_alone * 2 < st.acks_held);
 	/* The server sends its held ACK after its answer; we hold the answer
 	 * until the ACK has completed our SEND. When the server answers late
 	 * (a loaded machine: its thread waited for a core longer than the
