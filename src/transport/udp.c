@@ -2862,6 +2862,20 @@ uint32_t ursa_udp_epsn(struct ursa_qp *qp)
 	return qp->udp ? qp->udp->epsn : 0;
 }
 
+uint32_t ursa_udp_unanswered_psn(struct ursa_qp *qp)
+{
+	struct ursa_uqp *u = qp->udp;
+	uint32_t psn;
+
+	if (!u)
+		return 0;
+	pthread_mutex_lock(&u->lock);
+	psn = u->pipe_n ? psn_add(PIPE(u, 0)->first, PIPE(u, 0)->acked) :
+			  psn_add(u->m.first, u->m.acked);
+	pthread_mutex_unlock(&u->lock);
+	return psn;
+}
+
 uint16_t ursa_udp_port(void)
 {
 	return U.port;

@@ -82,6 +82,9 @@ int ursa_udp_inflight(struct ursa_qp *qp, const struct ursa_send_wqe *w);
 void ursa_udp_inject(uint8_t *buf, size_t len, const union ibv_gid *src,
 		     uint16_t sport, const union ibv_gid *dst);
 uint32_t ursa_udp_epsn(struct ursa_qp *qp);
+/* For the responder fuzz target: the PSN of the requester's oldest packet
+ * not yet answered (what a response the fuzzer aims at it should carry). */
+uint32_t ursa_udp_unanswered_psn(struct ursa_qp *qp);
 uint16_t ursa_udp_port(void);
 
 struct ursa_udp_counters {

@@ -6,11 +6,16 @@
  * PSN checks, duplicates, then the responder executing SEND, WRITE, READ,
  * atomics against real QPs and a real registered MR).
  *
- * The first input byte steers: which QP (RC, UC, UD) the packet is aimed
- * at, and which fields the harness fixes up so the fuzzer reaches deep
- * code rather than stopping at the first check (destination QPN, expected
- * PSN, a valid rkey and address inside the MR, a correct ICRC). Without
- * the fix-ups the same bytes exercise the refusals.
+ * The first input byte steers: which QP (RC, UC, UD, or an RC requester)
+ * the packet is aimed at, and which fields the harness fixes up so the
+ * fuzzer reaches deep code rather than stopping at the first check
+ * (destination QPN, expected PSN, a valid rkey and address inside the MR,
+ * a correct ICRC). Without the fix-ups the same bytes exercise the
+ * refusals. The requester keeps a pipeline of READs, atomics and a WRITE
+ * outstanding towards a peer that never answers, so that responses the
+ * fuzzer makes (READ responses, ATOMIC ACKNOWLEDGEs, ACKs and NAKs, at or
+ * near the PSN it waits for) reach the requester's side: the peer
+ * controls those too.
  *
  * Invariants after every input: no crash or sanitizer report, and memory
  * around the MR is untouched (guard pages' canaries intact). QPs that an
@@ -39,11 +44,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
-static struct ibv_cq *cq;
+static struct ibv_cq *cq, *rcq;	/* rcq: the requester's */
 static struct ibv_mr *mr;
-static struct ibv_qp *qps[3];
+static struct ibv_qp *qps[4];		/* RC, UC, UD, the RC requester */
+static int outstanding;			/* the requester's WRs */
 static uint8_t *area, *buf;
 static union ibv_gid me;
+/* The requester's peer: an address of this host that is not one of
+ * ursa's GIDs, so that its packets take RoCEv2 (and die on the loopback,
+ * at our own port, for a QPN that does not exist). */
+static union ibv_gid far = { .raw = { [10] = 0xff, [11] = 0xff,
+				      [12] = 127, [15] = 2 } };
 
 static int to_rts(struct ibv_qp *qp)
 {
@@ -64,7 +75,7 @@ static int to_rts(struct ibv_qp *qp)
 	a.min_rnr_timer = 1;
 	a.ah_attr.is_global = 1;
 	a.ah_attr.port_num = 1;
-	a.ah_attr.grh.dgid = me;	/* answers go to ourselves */
+	a.ah_attr.grh.dgid = qp == qps[3] ? far : me; /* answers: ourselves */
 	if (ibv_modify_qp(qp, &a, ud ? IBV_QP_STATE : IBV_QP_STATE | IBV_QP_AV |
 			  IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 			  (qp->qp_type == IBV_QPT_RC ?
@@ -104,9 +115,10 @@ static void setup(void)
 	mr = ibv_reg_mr(pd, buf, MRLEN, IBV_ACCESS_LOCAL_WRITE |
 			IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 			IBV_ACCESS_REMOTE_ATOMIC);
-	for (int i = 0; i < 3; i++) {
-		struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq,
-			.qp_type = t[i],
+	rcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	for (int i = 0; i < 4; i++) {
+		struct ibv_qp_init_attr ia = { .send_cq = i == 3 ? rcq : cq,
+			.recv_cq = cq, .qp_type = t[i % 3],
 			.cap = { .max_send_wr = 16, .max_recv_wr = 64,
 				 .max_send_sge = 1, .max_recv_sge = 1 } };
 
@@ -118,13 +130,46 @@ static void setup(void)
 		abort();
 }
 
+/* The requester's pipeline: READs of 3 KiB and 8 B, a fetch-and-add, a
+ * compare-and-swap, a WRITE; into the upper half of the MR (the lower
+ * half takes the requests). */
+static void requester_post(void)
+{
+	static const enum ibv_wr_opcode ops[] = {
+		IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ,
+		IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_RDMA_WRITE,
+	};
+
+	for (unsigned i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+		bool at = ops[i] != IBV_WR_RDMA_READ && ops[i] != IBV_WR_RDMA_WRITE;
+		struct ibv_sge sg = { (uintptr_t)buf + MRLEN / 2 + 4096 * i,
+				      at ? 8 : i == 0 ? 3072 : 8, mr->lkey };
+		struct ibv_send_wr wr = { .sg_list = &sg, .num_sge = 1,
+			.opcode = ops[i], .send_flags = IBV_SEND_SIGNALED }, *b;
+
+		if (at) {
+			wr.wr.atomic.remote_addr = 0x10000;
+			wr.wr.atomic.rkey = 0x77;
+			wr.wr.atomic.compare_add = 1;
+		} else {
+			wr.wr.rdma.remote_addr = 0x10000;
+			wr.wr.rdma.rkey = 0x77;
+		}
+		if (!ibv_post_send(qps[3], &wr, &b))
+			outstanding++;
+	}
+}
+
 static void keep_going(void)
 {
 	struct ibv_wc wc[64];
+	int n;
 
 	while (ibv_poll_cq(cq, 64, wc) > 0)
 		;
-	for (int i = 0; i < 3; i++) {
+	while ((n = ibv_poll_cq(rcq, 64, wc)) > 0)
+		outstanding -= n;
+	for (int i = 0; i < 4; i++) {
 		struct ibv_qp_attr a;
 		struct ibv_qp_init_attr ia;
 
@@ -135,6 +180,16 @@ static void keep_going(void)
 			ibv_modify_qp(qps[i], &r, IBV_QP_STATE);
 			if (to_rts(qps[i]))
 				abort();
+			if (i == 3) {	/* (reset flushed them, uncompleted) */
+				while (ibv_poll_cq(rcq, 64, wc) > 0)
+					;
+				outstanding = 0;
+			}
+		}
+		if (i == 3) {
+			if (!outstanding)
+				requester_post();
+			continue;
 		}
 		/* a few receives, small and large */
 		for (int k = 0; k < 4; k++) {
@@ -162,7 +217,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	mode = data[0];
 	len = size - 1;
 	memcpy(pkt, data + 1, len);
-	qp = qps[(mode & 3) % 3];
+	qp = qps[mode & 3];
 	if (len >= ROCE_BTH_LEN) {
 		uint32_t f = roce_opcode_flags(pkt[0]);
 
@@ -174,7 +229,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			pkt[7] = (uint8_t)q;
 		}
 		if (mode & 0x08) {		/* the PSN it expects */
-			uint32_t e = ursa_udp_epsn(to_uqp(qp));
+			/* (the requester: a response for its oldest
+			 * unanswered packet or one of the next seven) */
+			uint32_t e = qp == qps[3] ?
+				(ursa_udp_unanswered_psn(to_uqp(qp)) + (pkt[11] & 7)) &
+					0xffffff :
+				ursa_udp_epsn(to_uqp(qp));
 
 			pkt[9] = (uint8_t)(e >> 16);
 			pkt[10] = (uint8_t)(e >> 8);
@@ -197,7 +257,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if ((mode & 0x20) && len >= ROCE_BTH_LEN + 4) {	/* a correct ICRC */
 		size_t hl = 0;
-		union ibv_gid src = me;
+		union ibv_gid src = qp == qps[3] ? far : me;
 
 		/* the headers the receive path will rebuild */
 		memset(ip, 0, sizeof(ip));
@@ -224,7 +284,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		udp[6] = udp[7] = 0;
 		roce_icrc_put(pkt + len - 4, roce_icrc(ip, hl, udp, pkt, len - 4));
 	}
-	ursa_udp_inject(pkt, len, &me, 0xc000, &me);
+	ursa_udp_inject(pkt, len, qp == qps[3] ? &far : &me, 0xc000, &me);
 	keep_going();
 	/* nothing outside the MR may change */
 	for (size_t i = 0; i < GUARD; i++)
