@@ -17,8 +17,9 @@
  * near the PSN it waits for) reach the requester's side: the peer
  * controls those too.
  *
- * Invariants after every input: no crash or sanitizer report, and memory
- * around the MR is untouched (guard pages' canaries intact). QPs that an
+ * Invariants after every input: no crash or sanitizer report, memory
+ * around the MR is untouched (guard pages' canaries intact), and so is
+ * the requester's memory outside what its READs and atomics asked for. QPs that an
  * input moved to ERR are brought back.
  *
  * Built as a libFuzzer target by `make fuzz`; otherwise main() replays the
