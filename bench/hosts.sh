@@ -88,10 +88,11 @@ if [ -n "$CSV" ]; then
 	perf ib_atomic_lat -n 1000 | awk '{print "lat,atomic," $1 "," $5 "," $8}' >>"$CSV"
 	# (enough messages that the start, the first round trips and the
 	# window's growth, does not make the figure: 200 64-byte WRITEs
-	# measured a third of the rate of 20 000)
+	# measured a third of the rate of 20 000, and 200 1 MiB WRITEs about
+	# half the 1.5-2.0 GB/s of the bandwidth pair above)
 	for op in write read send; do
 		for sz in 64 1024 16384 262144 1048576; do
-			n=$((sz <= 1024 ? 20000 : sz <= 16384 ? 5000 : sz <= 262144 ? 800 : 200))
+			n=$((sz <= 1024 ? 20000 : sz <= 16384 ? 5000 : sz <= 262144 ? 2000 : 1000))
 			perf ib_${op}_bw -s $sz -n $n | awk -v op=$op -v m=$MIB '{print "bw," op "," $1 "," $4 * m "," $5}' >>"$CSV"
 		done
 	done
