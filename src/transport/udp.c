@@ -5,8 +5,8 @@
  *
  * Requester: each WQE of a QP's send queue is a message, cut into path-MTU
  * packets with consecutive PSNs and sent in a window (window_max);
- * WRITEs and SENDs, or READs, follow each other without waiting for their
- * answers (see pipe_class). The responder's cumulative ACKs move the
+ * WRITEs and SENDs, or READs and atomics, follow each other without
+ * waiting for their answers (see pipe_class). The responder's cumulative ACKs move the
  * window, a PSN-sequence NAK or the ACK timeout sends again from the first
  * unacknowledged packet (go-back-N).
  *
@@ -181,7 +181,7 @@ struct ursa_uqp {
 	uint32_t pipe_out;	/* their packets not yet acknowledged */
 	uint8_t pipe_nak;	/* a NAK's syndrome for the oldest one ... */
 	uint32_t pipe_nak_psn;	/* ... and its PSN */
-	bool pipe_gap;		/* READ responses missing before others */
+	bool pipe_gap;		/* responses missing before others */
 	/* A READ taken back (pipe_collapse): no READ joins the pipe until it
 	 * is complete. Each READ asked for again is answered whole again, so
 	 * restarting the ones behind it at every loss multiplied the
@@ -1318,19 +1318,18 @@ void ursa_uqp_fini(struct ursa_qp *qp)
  * and complete in order. WRITEs and SENDs join a pipe of their kind and
  * complete when the cumulative ACK covers their last PSN (IBTA
  * 9.7.5.1.1); READs and atomics join one of theirs (at most max_rd_atomic
- * of them, each READ asked for whole) and complete when all
- * their responses are in (a READ's land in its own buffers, an atomic's
- * one ATOMIC ACKNOWLEDGE brings its original value), never by an ACK. A
+ * of them, each READ asked for whole) and complete when all their
+ * responses are in (a READ's land in its own buffers, an atomic's one
+ * ATOMIC ACKNOWLEDGE brings its original value), never by an ACK. A
  * READ or atomic behind WRITEs and a WRITE behind READs or atomics wait
  * until all before them are answered, so fences need nothing new. Losses
  * stay simple: whatever takes a message of the pipe back (a NAK for one
  * of its PSNs, a response missing while later ones come, the timers)
- * first completes those that the NAK
- * acknowledged, then makes the oldest unanswered message the one in
- * flight again (pipe_collapse) and drops the state of the others; they
- * go out again after it, with the same PSNs, as go-back-N wants. Without
- * this a QP moved one message per round trip: 9 000 64-byte WRITEs a
- * second between namespaces.
+ * first completes those that the NAK acknowledged, then makes the oldest
+ * unanswered message the one in flight again (pipe_collapse) and drops
+ * the state of the others; they go out again after it, with the same
+ * PSNs, as go-back-N wants. Without this a QP moved one message per
+ * round trip: 9 000 64-byte WRITEs a second between namespaces.
  */
 static bool is_atomic_op(uint32_t op)
 {
@@ -2048,8 +2047,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 {
 	struct ursa_uqp *u = qp->udp;
 	bool rc = qp->ex.qp_base.qp_type == IBV_QPT_RC;
-	bool atomic = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		      r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	bool atomic = is_atomic_op(r->opcode);
 	const addr_t *src = &r->sgid, *dst = &r->dgid;
 	unsigned long batch0;
 	int ret = 0;
@@ -2287,7 +2285,7 @@ static bool read_place(const struct ursa_sg *dst, uint32_t ndst, uint64_t len,
 
 /* A READ response or an ATOMIC ACKNOWLEDGE for a READ or atomic of the
  * pipe (see pipe_class). */
-static void pipe_read_resp(struct ursa_qp *qp, struct ursa_uqp *u,
+static void pipe_resp(struct ursa_qp *qp, struct ursa_uqp *u,
 			   struct upipe *e, const struct roce_pkt *p)
 {
 	uint32_t idx = (p->psn - e->first) & 0xffffff;
@@ -2373,7 +2371,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 			return;
 		}
 		if (i >= 0) {
-			pipe_read_resp(qp, u, PIPE(u, i), p);
+			pipe_resp(qp, u, PIPE(u, i), p);
 			return;
 		}
 	}
@@ -2410,8 +2408,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 	 * already hold the messages that go out again behind this one, and
 	 * answers their copies from where it is. A NAK out there concerns
 	 * one of those, which will be sent again. */
-	acks = !u->m.is_read && u->m.op != IBV_WR_ATOMIC_CMP_AND_SWP &&
-	       u->m.op != IBV_WR_ATOMIC_FETCH_AND_ADD;
+	acks = !u->m.is_read && !is_atomic_op(u->m.op);
 	past = acks && idx >= u->m.npkts && idx < 0x800000;
 	if ((p->syndrome & AETH_TYPE_MASK) != AETH_ACK && !past) {
 		u->m.nak = p->syndrome;
@@ -2700,8 +2697,7 @@ static bool hold_request(struct ursa_qp *qp, struct ursa_uqp *u,
 	if (qp->ex.qp_base.qp_type != IBV_QPT_RC || qp->ctx != ursa_pass_ctx ||
 	    !(f & P_LAST) || !((f & P_SEND) || ((f & P_WRITE) && (f & H_IMM))) ||
 	    p->psn != u->epsn || !u->m.active || u->m.done || u->m.nak ||
-	    u->m.is_read || u->m.op == IBV_WR_ATOMIC_CMP_AND_SWP ||
-	    u->m.op == IBV_WR_ATOMIC_FETCH_AND_ADD || u->m.sent < u->m.npkts ||
+	    u->m.is_read || is_atomic_op(u->m.op) || u->m.sent < u->m.npkts ||
 	    !w || !((w->flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) ||
 	    len > MAX_PKT)
 		return false;

@@ -67,7 +67,7 @@ void ursa_udp_ack_exit(struct ursa_qp *qp);
 /* WQE w completes: release what its message holds (done, flushed). */
 void ursa_udp_abort(struct ursa_qp *qp, const struct ursa_send_wqe *w);
 /* May WQE w go out now, while the messages before it wait for their ACK
- * (pipelining: RC WRITEs and SENDs, or READs)? */
+ * (pipelining: RC WRITEs and SENDs, or READs and atomics)? */
 bool ursa_udp_can_start(struct ursa_qp *qp, const struct ursa_send_wqe *w);
 /* Steps between on and off leave their packets for one flush at off (one
  * sendmmsg for the messages a pipelined send queue starts at once). */
