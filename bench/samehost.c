@@ -503,10 +503,10 @@ int main(int argc, char **argv)
 	       quick ? " (quick)" : "", sysconf(_SC_NPROCESSORS_ONLN));
 	pingpong_limit(1, &pm, &pp);
 	printf("\nlimit: cache-line ping-pong between processes, one way: "
-	       "median %.2f us, p99 %.2f us\n", pm, pp);
+	       "median %.3f us, p99 %.3f us\n", pm, pp);
 	pingpong_limit(2, &pm2, &pp2);
 	printf("  the same with two lines (a WRITE ping-pong's pattern, no ursa): "
-	       "median %.2f us, p99 %.2f us\n", pm2, pp2);
+	       "median %.3f us, p99 %.3f us\n", pm2, pp2);
 	cma_floor(&fm, &fp);
 	printf("floor: one process_vm_writev of 8 B into another process: "
 	       "median %.2f us, p99 %.2f us\n", fm, fp);
@@ -542,7 +542,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	lat_write(&s, &t, sv[0], lat_only ? lat_only : nlat, &m, &p);
-	printf("  8 B WRITE, one way       %8.2f %8.2f   %6.2fx   (%.2fx the two-line pattern, %.2fx the syscall floor)\n",
+	printf("  8 B WRITE, one way       %8.3f %8.3f   %6.2fx   (%.2fx the two-line pattern, %.2fx the syscall floor)\n",
 	       m, p, m / pm, m / pm2, m / fm);
 	if (lat_only)
 		return 0;

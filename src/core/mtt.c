@@ -252,19 +252,9 @@ void ursa_mtt_free(struct ursa_mtt *m)
 	memset(m, 0, sizeof(*m));
 }
 
-long ursa_mtt_lookup(const struct ursa_mtt *m, uintptr_t va)
+long ursa_mtt_search(const struct ursa_mtt *m, uintptr_t va)
 {
 	long lo = 0, hi = (long)m->n - 1;
-
-	/* Pages of one size throughout (the common case): the index is
-	 * the distance from the first entry; checked like any hit. */
-	if (m->n && va >= m->e[0].va) {
-		uintptr_t g = (va - m->e[0].va) >> m->e[0].shift;
-
-		if (g < m->n && va >= m->e[g].va &&
-		    va - m->e[g].va < (1ul << m->e[g].shift))
-			return (long)g;
-	}
 
 	while (lo <= hi) {
 		long mid = lo + (hi - lo) / 2;

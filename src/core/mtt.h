@@ -48,7 +48,22 @@ int ursa_mtt_build(struct ursa_mtt *m, uintptr_t start, uintptr_t end,
 /* Same, reading the VMA list from /proc/self/smaps. */
 int ursa_mtt_build_self(struct ursa_mtt *m, uintptr_t start, uintptr_t end);
 void ursa_mtt_free(struct ursa_mtt *m);
-/* Index of the entry holding va, or -1. */
-long ursa_mtt_lookup(const struct ursa_mtt *m, uintptr_t va);
+/* The binary search behind ursa_mtt_lookup. */
+long ursa_mtt_search(const struct ursa_mtt *m, uintptr_t va);
+
+/* Index of the entry holding va, or -1. Inline, for every post's SGEs. */
+static inline long ursa_mtt_lookup(const struct ursa_mtt *m, uintptr_t va)
+{
+	/* Pages of one size throughout (the common case): the index is
+	 * the distance from the first entry; checked like any hit. */
+	if (m->n && va >= m->e[0].va) {
+		uintptr_t g = (va - m->e[0].va) >> m->e[0].shift;
+
+		if (g < m->n && va >= m->e[g].va &&
+		    va - m->e[g].va < (1ul << m->e[g].shift))
+			return (long)g;
+	}
+	return ursa_mtt_search(m, va);
+}
 
 #endif

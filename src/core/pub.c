@@ -304,29 +304,16 @@ void ursa_pub_unmap(const struct ursa_pubmem *m)
 		munmap((void *)m, sizeof(*m));
 }
 
-/* glibc: a mutex's futex word is its first int (bits/struct_mutex.h); the
- * kernel's robust-futex protocol gives the word's meaning: the holder's
- * TID, FUTEX_OWNER_DIED once the holder died. */
-_Static_assert(offsetof(pthread_mutex_t, __data.__lock) == 0,
-	       "pthread_mutex_t starts with its futex word");
-
-bool ursa_pub_alive(const struct ursa_pubmem *m)
-{
-	uint32_t w = __atomic_load_n((const uint32_t *)(const void *)&m->life,
-				     __ATOMIC_RELAXED);
-
-	return (w & FUTEX_TID_MASK) && !(w & FUTEX_OWNER_DIED);
-}
-
 bool ursa_pub_find(const struct ursa_pubmem *m, uint32_t rkey,
-		   struct ursa_pub_mr *out)
+		   struct ursa_pub_mr *out, uint32_t *where, unsigned int *seq)
 {
 	uint32_t h = mr_hash(rkey);
 
 	if (!rkey)
 		return false;
 	for (uint32_t i = 0; i < URSA_PUB_PROBE; i++) {
-		const struct ursa_pub_mr *e = &m->mr[(h + i) & (URSA_PUB_MRS - 1)];
+		uint32_t at = (h + i) & (URSA_PUB_MRS - 1);
+		const struct ursa_pub_mr *e = &m->mr[at];
 		unsigned int s1, s2;
 
 		s1 = atomic_load_explicit((atomic_uint *)&e->seq,
@@ -349,8 +336,11 @@ bool ursa_pub_find(const struct ursa_pubmem *m, uint32_t rkey,
 					  memory_order_relaxed);
 		if (s1 != s2)
 			return false;
-		if (out->rkey == rkey)
+		if (out->rkey == rkey) {
+			*where = at;
+			*seq = s1;
 			return true;
+		}
 	}
 	return false;
 }

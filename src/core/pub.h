@@ -32,7 +32,9 @@
 #ifndef URSA_PUB_H
 #define URSA_PUB_H
 
+#include <linux/futex.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -92,8 +94,34 @@ void ursa_pub_atfork_child(void);
 /* Requester side: map a peer's table (checked), find an rkey. */
 const struct ursa_pubmem *ursa_pub_map(int fd);
 void ursa_pub_unmap(const struct ursa_pubmem *m);
-bool ursa_pub_alive(const struct ursa_pubmem *m);
+
+/* glibc: a mutex's futex word is its first int (bits/struct_mutex.h); the
+ * kernel's robust-futex protocol gives the word's meaning: the holder's
+ * TID, FUTEX_OWNER_DIED once the holder died. Inline: the direct path
+ * reads it before every copy. */
+_Static_assert(offsetof(pthread_mutex_t, __data.__lock) == 0,
+	       "pthread_mutex_t starts with its futex word");
+
+static inline bool ursa_pub_alive(const struct ursa_pubmem *m)
+{
+	uint32_t w = __atomic_load_n((const uint32_t *)(const void *)&m->life,
+				     __ATOMIC_RELAXED);
+
+	return (w & FUTEX_TID_MASK) && !(w & FUTEX_OWNER_DIED);
+}
+/* *out: a consistent copy of rkey's entry; *where: its index in mr[],
+ * *seq: its sequence number when copied (for ursa_pub_same). */
 bool ursa_pub_find(const struct ursa_pubmem *m, uint32_t rkey,
-		   struct ursa_pub_mr *out);
+		   struct ursa_pub_mr *out, uint32_t *where, unsigned int *seq);
+
+/* Whether mr[where] still holds what was copied at seq: a writer moves seq
+ * twice per rewrite and never back, so an equal seq is an unchanged entry.
+ * Acquire: the caller's later uses follow the check. */
+static inline bool ursa_pub_same(const struct ursa_pubmem *m, uint32_t where,
+				 unsigned int seq)
+{
+	return atomic_load_explicit((atomic_uint *)&m->mr[where].seq,
+				    memory_order_acquire) == seq;
+}
 
 #endif

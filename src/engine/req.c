@@ -110,53 +110,22 @@ uint32_t ursa_sg_slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
 	return k;
 }
 
-/* memcpy for a few bytes, in ascending order, without the call: an 8 B
- * WRITE's 7 bytes through glibc's memmove were a tenth of a same-host
- * post. */
-static inline void copy_small(uint8_t *d, const uint8_t *s, uint64_t n)
-{
-	for (; n >= 8; n -= 8, d += 8, s += 8)
-		memcpy(d, s, 8);
-	if (n & 4) {
-		memcpy(d, s, 4);
-		d += 4;
-		s += 4;
-	}
-	if (n & 2) {
-		memcpy(d, s, 2);
-		d += 2;
-		s += 2;
-	}
-	if (n & 1)
-		*d = *s;
-}
-
 void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
 		  const struct ursa_sg *src, uint32_t nsrc, uint64_t len)
 {
 	uint32_t di = 0, si = 0;
 	uint64_t doff = 0, soff = 0;
-	uint8_t *lastp = NULL, lastv = 0;
 
-	if (!len)
-		return;
 	while (len && di < ndst && si < nsrc) {
 		uint64_t d = dst[di].len - doff, s = src[si].len - soff;
 		uint64_t n = MIN(MIN(d, s), len);
 		uint8_t *dp = (uint8_t *)dst[di].va + doff;
 		const uint8_t *sp = (const uint8_t *)src[si].va + soff;
 
-		if (n == len) {
-			/* Hold the final byte back. */
-			if (n <= 64)
-				copy_small(dp, sp, n - 1);
-			else
-				memcpy(dp, sp, n - 1);
-			lastp = dp + n - 1;
-			lastv = sp[n - 1];
-		} else if (n) {
+		if (n == len)
+			ursa_copy_ordered(dp, sp, n);	/* the last piece */
+		else if (n)
 			memcpy(dp, sp, n);
-		}
 		len -= n;
 		doff += n;
 		soff += n;
@@ -169,10 +138,6 @@ void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
 			soff = 0;
 		}
 	}
-	/* Release: every other byte of the message is visible before the
-	 * last one, for readers that spin on it (perftest's latency tests). */
-	if (lastp)
-		__atomic_store_n(lastp, lastv, __ATOMIC_RELEASE);
 }
 
 /* Build an iovec list covering [skip, skip + len) of an sg list. */

@@ -767,8 +767,10 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 	 * requester uses it, under the engine lock, so nothing else holds a
 	 * pointer into it. */
 	d = &c->dmap[c->dmap_next++ % URSA_DMAPS];
-	if (d->base)
+	if (d->base) {
 		munmap(d->base, d->len);
+		c->dlast.valid = false;	/* (its base may be this one) */
+	}
 	d->ino = e->map_ino;
 	d->len = e->map_len;
 	d->base = p;
@@ -801,6 +803,7 @@ static void chan_dmap_prune(struct ursa_chan *c, const struct ursa_pubmem *m)
 		if (d->base && !named) {
 			munmap(d->base, d->len);
 			memset(d, 0, sizeof(*d));
+			c->dlast.valid = false;
 		}
 	}
 }
@@ -837,6 +840,10 @@ static void map_xfer(const struct ursa_req *r, uint8_t *t, uint64_t len,
 	default:
 		/* The last byte last, with release order (ursa_sg_copy): a
 		 * target spinning on it sees the whole message. */
+		if (r->nsrc == 1 && r->src[0].len == len) {
+			ursa_copy_ordered(t, (const uint8_t *)r->src[0].va, len);
+			return;
+		}
 		nl = ursa_sg_slice(r->src, r->nsrc, 0, len, part);
 		ursa_sg_copy(&s, 1, part, nl, len);
 		return;
@@ -913,8 +920,9 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	unsigned int acc = at ? IBV_ACCESS_REMOTE_ATOMIC :
 			   rd ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
 	uint64_t len = at ? 8 : r->msg_len, qw, ta;
-	struct ursa_pub_mr e;
-	uint8_t *base = NULL;
+	struct ursa_dlast *dl = &c->dlast;
+	const struct ursa_pub_mr *e;
+	uint8_t *base;
 	ssize_t n = -1;
 
 	if (!m || c->dslot >= URSA_PUB_QPS || !len ||
@@ -934,19 +942,31 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	 * owner's loads of busy). */
 	atomic_store_explicit(&c->mem->busy, 1, memory_order_relaxed);
 	atomic_thread_fence(memory_order_seq_cst);
-	if (!ursa_pub_find(m, r->rkey, &e) || e.pd != (uint32_t)(qw >> 32) ||
-	    (e.access & acc) != acc ||
-	    !ursa_in_bounds(e.iova, e.length, r->remote_addr, len))
+	/* The last entry again, unchanged since it was copied (the seq load
+	 * is after the fence, as the lookup's would be), and no MR removed
+	 * since (else the slow way prunes the mappings first)? */
+	if (!dl->valid || dl->e.rkey != r->rkey ||
+	    !ursa_pub_same(m, dl->where, dl->seq) ||
+	    atomic_load_explicit((atomic_uint *)&m->gen,
+				 memory_order_relaxed) != c->dgen) {
+		dl->valid = false;
+		if (!ursa_pub_find(m, r->rkey, &dl->e, &dl->where, &dl->seq))
+			goto out;
+		chan_dmap_prune(c, m);
+		dl->base = dl->e.map_len ? chan_dmap(c, &dl->e) : NULL;
+		dl->valid = true;
+	}
+	e = &dl->e;
+	if (e->pd != (uint32_t)(qw >> 32) || (e->access & acc) != acc ||
+	    !ursa_in_bounds(e->iova, e->length, r->remote_addr, len))
 		goto out;
-	ta = e.addr + (r->remote_addr - e.iova);
+	ta = e->addr + (r->remote_addr - e->iova);
 	if (at && (ta & 7))
 		goto out;
-	if (e.map_len && ursa_in_bounds(e.map_start, e.map_len, ta, len)) {
-		chan_dmap_prune(c, m);
-		base = chan_dmap(c, &e);
-	}
+	base = ursa_in_bounds(e->map_start, e->map_len, ta, len) ? dl->base :
+								   NULL;
 	if (base) {
-		map_xfer(r, base + (ta - e.map_start), len, resp);
+		map_xfer(r, base + (ta - e->map_start), len, resp);
 		n = (ssize_t)len;
 	} else if (!at && c->dcma) {
 		n = cma_xfer(c, r, ta, len);

@@ -33,6 +33,7 @@
 #define URSA_SHM_H
 
 #include "../engine/engine.h"
+#include "../core/pub.h"
 
 #define URSA_SHM_MAGIC 0x55525341u /* "URSA" */
 #define URSA_SHM_VERSION 3
@@ -43,7 +44,6 @@ enum ursa_chan_state { URSA_CHAN_CONNECTING, URSA_CHAN_READY, URSA_CHAN_DEAD };
 enum ursa_chan_role { URSA_CHAN_REQUESTER, URSA_CHAN_RESPONDER };
 
 struct ursa_chanmem;
-struct ursa_pubmem;
 
 #define URSA_DMAPS 16
 
@@ -72,6 +72,16 @@ struct ursa_chan {
 	} dmap[URSA_DMAPS];
 	uint32_t dmap_next;
 	uint32_t dgen;		/* the table's gen when the cache was checked */
+	/* The entry the direct path used last, and what it found for it: a
+	 * WRITE stream to one MR then checks one seq instead of looking the
+	 * rkey up, copying the entry and searching dmap again. */
+	struct ursa_dlast {
+		bool valid;
+		uint32_t where;		/* index in the table's mr[] */
+		unsigned int seq;	/* the entry's seq when copied */
+		struct ursa_pub_mr e;
+		uint8_t *base;		/* its memfd mapped here, or NULL */
+	} dlast;
 	struct ursa_qp *qp;	/* our QP: requester or target */
 	uint32_t peer_qpn;
 	uint32_t seq;		/* requester: seq of the current request;

@@ -110,6 +110,15 @@ static void info_of(struct end *e, struct xinfo *x)
 	x->addr = (uintptr_t)e->mr->addr;
 }
 
+/* The 8 bytes at p as CMD_GET returns them. */
+static uint64_t word(const char *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return v;
+}
+
 static uint64_t sum(const char *p, size_t n)
 {
 	uint64_t s = 1469598103934665603ull;
@@ -165,7 +174,7 @@ static int reap(pid_t pid)
  * read() on the socket while the initiator works on its memory.
  */
 enum { CMD_SUM = 1, CMD_GET, CMD_QUIT, CMD_FILL, CMD_RECV, CMD_POLL,
-       CMD_DEREG, CMD_REG };
+       CMD_DEREG, CMD_REG, CMD_REREG_ACCESS };
 
 struct target_arg {
 	enum ibv_qp_type type;
@@ -268,6 +277,12 @@ static int target_main(int sock, void *varg)
 			reply.addr = (uintptr_t)mr->addr;
 			break;
 		}
+		case CMD_REREG_ACCESS:
+			/* the same MR and keys, with the rights in value */
+			reply.value = (uint64_t)ibv_rereg_mr(e.mr,
+					IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+					(int)cmd.value);
+			break;
 		case CMD_QUIT:
 			end_close(&e);
 			return 0;
@@ -805,6 +820,46 @@ static int test_dmap_pruned(void)
 	EXPECT_EQ(ursa_mr_mappings(), base + 1);
 	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
 	EXPECT_EQ(st.map_bytes, 2 * 4096);
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
+/*
+ * The direct path keeps the entry it used last (shm.c, dlast) and checks
+ * only its seq and the table's gen on the next WRITE: a rereg that keeps
+ * the keys but changes the rights must still be seen. Same rights again: the WRITE still goes
+ * direct; write right withdrawn: refused, the target's memory untouched.
+ */
+static int test_direct_follows_rereg(void)
+{
+	struct target_arg ta = { IBV_QPT_RC, 1 << 20, 0 };
+	struct end me;
+	struct xinfo peer;
+	struct ursa_qp_stats st;
+	int sock;
+	pid_t pid;
+
+	REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	memcpy(me.buf, "12345678", 8);
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 8, peer.addr, peer.rkey,
+			 IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_REREG_ACCESS, 0, ALL_REMOTE, 0), 0);
+	memcpy(me.buf, "abcdefgh", 8);
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 8, peer.addr, peer.rkey,
+			 IBV_WC_SUCCESS), 0);
+	EXPECT_EQ(cmd(sock, CMD_GET, 0, 0, 0), word("abcdefgh"));
+	EXPECT_EQ(ursa_qp_stats(me.qp, &st), 0);
+	EXPECT_EQ(st.map_bytes, 16);
+	EXPECT_EQ(cmd(sock, CMD_REREG_ACCESS, 0, IBV_ACCESS_LOCAL_WRITE |
+		      IBV_ACCESS_REMOTE_READ, 0), 0);
+	memcpy(me.buf, "ZZZZZZZZ", 8);
+	EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 8, peer.addr, peer.rkey,
+			 IBV_WC_REM_ACCESS_ERR), 0);
+	EXPECT_EQ(cmd(sock, CMD_GET, 0, 0, 0), word("abcdefgh"));
 	cmd(sock, CMD_QUIT, 0, 0, 0);
 	EXPECT_EQ(reap(pid), 0);
 	end_close(&me);
@@ -1669,6 +1724,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(no_cma_no_map, "URSA_CMA=0 URSA_MAP=0: shared-memory slots"),
 	TEST_ENTRY(requester_seccomp_no_map, "URSA_MAP=0, CMA refused mid-way: it falls back"),
 	TEST_ENTRY(requester_no_open, "the target's memfds cannot be opened, nor CMA used: the target's engine"),
+	TEST_ENTRY(direct_follows_rereg, "a rereg'd MR's new rights reach the direct path"),
 	TEST_ENTRY(dmap_pruned, "a requester drops its mapping of an MR the target deregistered"),
 	TEST_ENTRY(partial_pages, "partial first and last pages: mapped inside, CMA at the edges"),
 	TEST_ENTRY(reg_moves_pages, "registration moves whole pages into a memfd and back"),

@@ -344,6 +344,16 @@ static uint32_t pub_hash(uint32_t rkey)
 	return (rkey * 0x9e3779b1u) >> 20;	/* as pub.c places entries */
 }
 
+/* ursa_pub_find without the position and seq */
+static bool find(const struct ursa_pubmem *m, uint32_t rkey,
+		 struct ursa_pub_mr *e)
+{
+	uint32_t where;
+	unsigned int seq;
+
+	return ursa_pub_find(m, rkey, e, &where, &seq);
+}
+
 static int test_pub_table(void)
 {
 	struct ursa_pd pd = { 0 }, pd2 = { 0 };
@@ -354,6 +364,8 @@ static int test_pub_table(void)
 	uint32_t base = 0x123456u, n = 0;
 	int fd, slot, bad;
 	uint64_t w;
+	uint32_t where;
+	unsigned int seq;
 
 	pd.ibv.handle = 7;
 	pd2.ibv.handle = 8;
@@ -365,23 +377,26 @@ static int test_pub_table(void)
 		IBV_ACCESS_REMOTE_WRITE, 0x1000, 0x3000);
 	ursa_pub_mr_add(&mr);
 	EXPECT_TRUE(mr.pub_idx != 0);
-	EXPECT_TRUE(ursa_pub_find(m, 0xabcdef01u, &e));
+	EXPECT_TRUE(ursa_pub_find(m, 0xabcdef01u, &e, &where, &seq));
+	EXPECT_TRUE(!(seq & 1) && ursa_pub_same(m, where, seq));
 	EXPECT_EQ(e.pd, 7);
 	EXPECT_EQ(e.iova, 0x1000);
 	EXPECT_EQ(e.length, 0x3000);
 	EXPECT_EQ(e.addr, 0x7f0000001000ull);
 	EXPECT_TRUE(e.access & IBV_ACCESS_REMOTE_WRITE);
 	/* a neighbouring key and key 0 are not found */
-	EXPECT_TRUE(!ursa_pub_find(m, 0xabcdef02u, &e));
-	EXPECT_TRUE(!ursa_pub_find(m, 0, &e));
+	EXPECT_TRUE(!find(m, 0xabcdef02u, &e));
+	EXPECT_TRUE(!find(m, 0, &e));
 	/* MRs without remote rights are not published at all */
 	fake_mr(&nr, &pd, 0x11111111u, IBV_ACCESS_LOCAL_WRITE, 0, 4096);
 	ursa_pub_mr_add(&nr);
 	EXPECT_EQ(nr.pub_idx, 0);
-	EXPECT_TRUE(!ursa_pub_find(m, 0x11111111u, &e));
-	/* removal: gone for requesters, and idempotent */
+	EXPECT_TRUE(!find(m, 0x11111111u, &e));
+	/* removal: gone for requesters (and a copy taken before is seen
+	 * stale), and idempotent */
 	EXPECT_TRUE(ursa_pub_mr_del(&mr));
-	EXPECT_TRUE(!ursa_pub_find(m, 0xabcdef01u, &e));
+	EXPECT_TRUE(!ursa_pub_same(m, where, seq));
+	EXPECT_TRUE(!find(m, 0xabcdef01u, &e));
 	EXPECT_TRUE(!ursa_pub_mr_del(&mr));
 	/* a crowded neighbourhood: the key that finds no slot among its
 	 * probes is not published (its accesses go through the target) */
@@ -394,21 +409,23 @@ static int test_pub_table(void)
 		}
 	bad = 0;
 	for (uint32_t i = 0; i < URSA_PUB_PROBE; i++)
-		bad += !ursa_pub_find(m, crowd[i].ibv.rkey, &e) || e.pd != 8;
+		bad += !find(m, crowd[i].ibv.rkey, &e) || e.pd != 8;
 	EXPECT_EQ(bad, 0);
 	EXPECT_EQ(crowd[URSA_PUB_PROBE].pub_idx, 0);
-	EXPECT_TRUE(!ursa_pub_find(m, crowd[URSA_PUB_PROBE].ibv.rkey, &e));
+	EXPECT_TRUE(!find(m, crowd[URSA_PUB_PROBE].ibv.rkey, &e));
 	for (uint32_t i = 0; i <= URSA_PUB_PROBE; i++)
 		ursa_pub_mr_del(&crowd[i]);
 	/* re-registration: the entry follows the MR's new rights */
 	fake_mr(&ro, &pd, 0x55aa55aau, IBV_ACCESS_REMOTE_READ, 0, 8192);
 	ursa_pub_mr_add(&ro);
-	EXPECT_TRUE(ursa_pub_find(m, 0x55aa55aau, &e) &&
+	EXPECT_TRUE(ursa_pub_find(m, 0x55aa55aau, &e, &where, &seq) &&
 		    !(e.access & IBV_ACCESS_REMOTE_WRITE));
 	ursa_pub_mr_del(&ro);
 	ro.access |= IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 	ursa_pub_mr_add(&ro);
-	EXPECT_TRUE(ursa_pub_find(m, 0x55aa55aau, &e) &&
+	/* the same key in the same slot again: the old copy is stale */
+	EXPECT_TRUE(!ursa_pub_same(m, where, seq));
+	EXPECT_TRUE(find(m, 0x55aa55aau, &e) &&
 		    (e.access & IBV_ACCESS_REMOTE_WRITE));
 	ursa_pub_mr_del(&ro);
 	/* a QP's word: QPN, PD, accepting state and remote rights */
