@@ -375,7 +375,7 @@ enum ursa_mem_err {
 };
 int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
 		   unsigned int need, struct ursa_mem_ref *ref);
-/* ursa_mem_local for the post shortcut: the QP's cached MR when the lkey
+/* ursa_mem_local for the requester: the QP's cached MR when the lkey
  * is its own (no key table, no reference: ref->k NULL), else the table,
  * and a hit becomes the cache. Caller holds ctx->qp_lock. */
 int ursa_mem_local_cached(struct ursa_qp *qp, const struct ibv_sge *sge,

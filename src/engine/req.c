@@ -336,7 +336,10 @@ static void local_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	}
 }
 
-/* Map local SGEs; need is IBV_ACCESS_LOCAL_WRITE when data lands there. */
+/* Map local SGEs; need is IBV_ACCESS_LOCAL_WRITE when data lands there.
+ * The requester runs under ctx->qp_lock, so the QP's cached MR serves
+ * (ursa_mem_local_cached): no key table lookup and no reference for the
+ * common single-MR queue. */
 static int map_local(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		     unsigned int need, struct ursa_sg *sg,
 		     struct ursa_mem_ref *refs, uint32_t *nsg)
@@ -356,7 +359,7 @@ static int map_local(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		refs[i].k = NULL;
 		if (!w->sge[i].length)
 			continue;
-		e = ursa_mem_local(qp->pd, &w->sge[i], need, &refs[i]);
+		e = ursa_mem_local_cached(qp, &w->sge[i], need, &refs[i]);
 		if (e) {
 			ursa_dbg("qp %u wr_id %llu: local SGE %u refused: %s",
 				 qp->ex.qp_base.qp_num,
@@ -378,16 +381,6 @@ static void put_local(const struct ursa_send_wqe *w, struct ursa_mem_ref *refs)
 {
 	for (uint32_t i = 0; i < (w->flags & IBV_SEND_INLINE ? 0 : w->num_sge); i++)
 		ursa_mem_put(&refs[i]);
-}
-
-/* The clock, read once per pass and only when something needs it: a
- * direct WRITE needs none, and clock_gettime costs 30 ns on this VM, an
- * eighth of such a WRITE. */
-static uint64_t need_now(uint64_t *now)
-{
-	if (!*now)
-		*now = ursa_now_ns();
-	return *now;
 }
 
 static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
@@ -480,7 +473,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		uint64_t until = UINT64_MAX;
 
 		if (!ursa_shm_direct(qp, w, &r, &resp) &&
-		    !ursa_shm_step(qp, w, &r, need_now(now), &resp, &until)) {
+		    !ursa_shm_step(qp, w, &r, ursa_need_now(now), &resp, &until)) {
 			put_local(w, refs);
 			a->done = 0;
 			a->retry_at = until;
@@ -491,7 +484,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		uint64_t until = UINT64_MAX;
 
 		w->via_udp = true;
-		if (!ursa_udp_step(qp, w, &r, need_now(now), &resp, &until)) {
+		if (!ursa_udp_step(qp, w, &r, ursa_need_now(now), &resp, &until)) {
 			put_local(w, refs);
 			a->done = 0;
 			a->retry_at = until;
@@ -509,8 +502,8 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			struct ursa_mem_ref ref;
 
 			orig_le = resp.atomic_orig;
-			if (!ursa_mem_local(qp->pd, &w->sge[0],
-					    IBV_ACCESS_LOCAL_WRITE, &ref)) {
+			if (!ursa_mem_local_cached(qp, &w->sge[0],
+						   IBV_ACCESS_LOCAL_WRITE, &ref)) {
 				memcpy((void *)ref.va, &orig_le, 8);
 				ursa_mem_put(&ref);
 			} else {
@@ -533,7 +526,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			w->rnr_left--;
 		}
 		a->done = 0;
-		a->retry_at = need_now(now) + ursa_rnr_timer_ns(resp.rnr_timer);
+		a->retry_at = ursa_need_now(now) + ursa_rnr_timer_ns(resp.rnr_timer);
 		return;
 	case URSA_NAK_INV_REQ:
 		a->st = IBV_WC_REM_INV_REQ_ERR;
@@ -563,7 +556,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		a->done = 0;
 		a->retry_at = ursa_ack_timeout_ns(qp->attr.timeout);
 		a->retry_at = a->retry_at == UINT64_MAX ? UINT64_MAX :
-							  need_now(now) + a->retry_at;
+							  ursa_need_now(now) + a->retry_at;
 		return;
 	}
 	ursa_dbg("qp %u wr_id %llu: %s (%s)", qp->ex.qp_base.qp_num,
@@ -791,7 +784,7 @@ int ursa_req_process_lazy(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline)
 			w->started = true;
 			w->rnr_left = qp->attr.rnr_retry;
 			w->retry_left = qp->attr.retry_cnt;
-		} else if (!wqe_due(qp, w, need_now(now))) {
+		} else if (!wqe_due(qp, w, ursa_need_now(now))) {
 			uint64_t d = w->inflight ? w->deadline_ns : w->not_before_ns;
 
 			if (d < *deadline)

@@ -1520,9 +1520,9 @@ int ursa_shm_serve(struct ursa_engine *e)
 			 * answer the peer gave before sending this request
 			 * completes before it does (see on_packet in udp.c). */
 			{
-				uint64_t d = UINT64_MAX;
+				uint64_t d = UINT64_MAX, now = 0;
 
-				ursa_req_process(c->qp, ursa_now_ns(), &d);
+				ursa_req_process_lazy(c->qp, &now, &d);
 			}
 			serve_one(c, &q);
 			work++;

@@ -1596,7 +1596,7 @@ static bool held_due(uint64_t due, uint64_t now, uint64_t *deadline,
 	return false;
 }
 
-int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
+int ursa_udp_acks(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
 		  bool engine)
 {
 	struct ursa_uqp *u = qp->udp;
@@ -1606,11 +1606,13 @@ int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
 		   !__atomic_load_n(&u->stash_len, __ATOMIC_RELAXED)))
 		return 0;
 	pthread_mutex_lock(&u->lock);
-	if (u->stash_len && held_due(u->stash_due, now, deadline, engine)) {
+	if (u->stash_len &&
+	    held_due(u->stash_due, ursa_need_now(now), deadline, engine)) {
 		run_held(qp, u);
 		sent++;
 	}
-	if (u->ack_owed && held_due(u->ack_due, now, deadline, engine)) {
+	if (u->ack_owed &&
+	    held_due(u->ack_due, ursa_need_now(now), deadline, engine)) {
 		ack_emit(u, false);
 		sent++;
 	}
@@ -2827,9 +2829,9 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	 * event mode polls the send CQ once after an event on a channel
 	 * both CQs share). This thread holds the context's lock (its pass). */
 	if (decided) {
-		uint64_t d = UINT64_MAX;
+		uint64_t d = UINT64_MAX, now = 0;
 
-		ursa_req_process(qp, ursa_now_ns(), &d);
+		ursa_req_process_lazy(qp, &now, &d);
 		/* our send is complete: now the request it held back */
 		pthread_mutex_lock(&u->lock);
 		if (u->stash_len && !u->m.active)

@@ -60,7 +60,7 @@ bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
 /* The QP's held-back ACK and held request (udp.c "Delayed ACK"): sent or
  * executed if due, else *deadline lowered to when they are (engine: the
  * engine's own pass). Returns how many were due. */
-int ursa_udp_acks(struct ursa_qp *qp, uint64_t now, uint64_t *deadline,
+int ursa_udp_acks(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
 		  bool engine);
 /* At process exit: send the QP's held-back ACK. */
 void ursa_udp_ack_exit(struct ursa_qp *qp);
