@@ -304,7 +304,9 @@ static void wait_n(struct side *s, int n)
 	struct ibv_wc wc[16];
 
 	while (n > 0) {
-		int k = ibv_poll_cq(s->cq, 16, wc);
+		/* (never more than asked for: the peer's SEND ping-pong
+		 * may have its next receive's completion queued already) */
+		int k = ibv_poll_cq(s->cq, n < 16 ? n : 16, wc);
 
 		for (int i = 0; i < k; i++)
 			if (wc[i].status) {
@@ -361,9 +363,15 @@ static int peer_main(int sock)
 				wait_n(&s, 1);
 			}
 		} else if (c == 's') { /* SEND ping-pong */
+			/* The receive for the next SEND is posted before
+			 * our answer goes, as ib_send_lat keeps its receive
+			 * queue filled: otherwise the next SEND may come
+			 * first and wait out an RNR NAK. */
+			post_recv(&s, 0, 0, 64);
 			for (int i = 0; i < n; i++) {
-				post_recv(&s, 0, 0, 64);
 				wait_n(&s, 1);
+				if (i + 1 < n)
+					post_recv(&s, 0, 0, 64);
 				post(&s, 0, IBV_WR_SEND, 64, 8, 0, 0, 1);
 				wait_n(&s, 1);
 			}
@@ -410,6 +418,7 @@ static void lat_send(struct side *s, int sock, int n, double *med, double *p99)
 	for (int i = 0; i < n; i++) {
 		double t0 = now_us();
 
+		/* (the peer's answer comes only after this SEND) */
 		post_recv(s, 0, 4096, 64);
 		post(s, 0, IBV_WR_SEND, 0, 8, 0, 0, 1);
 		wait_n(s, 2);
