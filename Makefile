@@ -109,7 +109,7 @@ $(BUILD)/tests/xfer: tests/hosts/xfer.c $(LIB) $(BUILD)/lib/libibverbs.so
 	$(CC) $(APP_CFLAGS) $< -o $@ $(APP_LDFLAGS) -libverbs
 
 # Unit tests link the pure modules directly.
-UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c src/proto/roce.c \
+UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c src/core/vma.c src/proto/roce.c \
 	src/core/pub.c \
 	src/core/qpstate.c src/util/util.c apps/kv/kv_table.c apps/kv/kv_common.c
 $(BUILD)/tests/unit_%: tests/unit/%.c $(HARNESS) tests/harness.h $(UNIT_DEPS)

@@ -10,6 +10,7 @@
  * lists 4 KiB entries.
  */
 #include "mtt.h"
+#include "vma.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -166,30 +167,24 @@ static bool shmem_huge(void)
 static bool need_smaps(uintptr_t start, uintptr_t end)
 {
 	uintptr_t a2 = (start + THP_SIZE - 1) & ~(THP_SIZE - 1);
-	char line[512];
-	bool need = false;
-	FILE *f;
+	struct ursa_vma_info v;
 
 	if (a2 + THP_SIZE <= end)
 		return true;
-	f = fopen("/proc/self/maps", "re");
-	if (!f)
-		return true;
-	while (!need && fgets(line, sizeof(line), f)) {
-		unsigned long a, b;
-		char *path;
+	for (uintptr_t at = start; at < end; at = v.end) {
+		int ret = ursa_vma_query(at, true, false, &v);
 
-		if (sscanf(line, "%lx-%lx ", &a, &b) != 2 || b <= start || a >= end)
-			continue;
-		path = strchr(line, '/');
+		if (ret == -ENOENT || (!ret && v.start >= end))
+			return false;
 		/* file-backed or /anon_hugepage; a memfd that registration
 		 * moved pages into (shmap.h) has huge pages only when shmem
 		 * huge pages are on */
-		need = path != NULL &&
-		       (strncmp(path, "/memfd:ursa-mr ", 15) || shmem_huge());
+		if (ret || (v.name[0] == '/' &&
+			    (strncmp(v.name, "/memfd:ursa-mr ", 15) ||
+			     shmem_huge())))
+			return true;
 	}
-	fclose(f);
-	return need;
+	return false;
 }
 
 int ursa_mtt_build_self(struct ursa_mtt *m, uintptr_t start, uintptr_t end)

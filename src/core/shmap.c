@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "pin.h"
+#include "vma.h"
 #include "../util/util.h"
 
 #define SHMAP_PAGE 4096ul
@@ -45,47 +46,20 @@ bool ursa_shmap_enabled(void)
 	       sysconf(_SC_PAGESIZE) == (long)SHMAP_PAGE;
 }
 
-struct vma {
-	uintptr_t start, end;
-	char perms[8];
-	uint64_t ino;
-	char path[64];
-};
-
-/* The mapping of /proc/self/maps that holds [s, e) whole, or -ENOENT. */
-static int vma_of(uintptr_t s, uintptr_t e, struct vma *v)
+/* The mapping that holds [s, e) whole, or -ENOENT. */
+static int vma_of(uintptr_t s, uintptr_t e, struct ursa_vma_info *v)
 {
-	char line[512];
-	FILE *f = fopen("/proc/self/maps", "re");
-	int ret = -ENOENT;
+	int ret = ursa_vma_query(s, false, false, v);
 
-	if (!f)
-		return -errno;
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long long a, b, off, ino;
-		int n = 0;
-
-		if (sscanf(line, "%llx-%llx %7s %llx %*s %llu %n", &a, &b,
-			   v->perms, &off, &ino, &n) < 5)
-			continue;
-		if (a > s || b < e)
-			continue;
-		v->start = (uintptr_t)a;
-		v->end = (uintptr_t)b;
-		v->ino = ino;
-		snprintf(v->path, sizeof(v->path), "%s", line + n);
-		v->path[strcspn(v->path, "\n")] = 0;
-		ret = 0;
-		break;
-	}
-	fclose(f);
+	if (!ret && v->end < e)
+		ret = -ENOENT;
 	return ret;
 }
 
 /* Is the memfd of r still mapped over all of it? */
 static bool region_in_place(const struct region *r)
 {
-	struct vma v;
+	struct ursa_vma_info v;
 
 	return !vma_of(r->start, r->end, &v) && v.ino == r->ino &&
 	       v.start == r->start && v.perms[3] == 's';
@@ -114,13 +88,13 @@ static struct region *region_create(uintptr_t s, uintptr_t e)
 	size_t n = e - s;
 	struct region *r;
 	struct stat st;
-	struct vma v;
+	struct ursa_vma_info v;
 	int fd;
 
 	/* Private anonymous, readable and writable: no file, no hugetlbfs,
 	 * not the stack. ([heap] is the brk area: anonymous too.) */
 	if (vma_of(s, e, &v) || strcmp(v.perms, "rw-p") || v.ino ||
-	    (v.path[0] && strcmp(v.path, "[heap]")))
+	    (v.name[0] && strcmp(v.name, "[heap]")))
 		return NULL;
 	r = calloc(1, sizeof(*r));
 	if (!r)

@@ -12,6 +12,7 @@
 #include "../harness.h"
 #include "../../src/core/core.h"
 #include "../../src/core/pub.h"
+#include "../../src/core/vma.h"
 
 static int test_keys_unique_random(void)
 {
@@ -229,6 +230,66 @@ static int test_mtt_page_sizes(void)
 	EXPECT_EQ(m.e[0].va, hugetlb.start);
 	EXPECT_EQ(m.e[0].shift, 21);
 	ursa_mtt_free(&m);
+	return TEST_RESULT();
+}
+
+/* Both ways of asking for a mapping give the same answer (without
+ * PROCMAP_QUERY in the kernel, both read the text), and it is the right
+ * one: a read-write run of pages between two inaccessible ones, a hole,
+ * the next mapping above the hole, a file, the heap. */
+static bool vma_same(uintptr_t a, bool next, struct ursa_vma_info *v)
+{
+	struct ursa_vma_info t;
+	int r1 = ursa_vma_query(a, next, false, v);
+	int r2 = ursa_vma_query(a, next, true, &t);
+
+	if (r1 != r2) {
+		fprintf(stderr, "    %#lx: ioctl %d, text %d\n", (unsigned long)a, r1, r2);
+		return false;
+	}
+	if (r1)
+		return r1 == -ENOENT && (v->start = 0, true);
+	if (v->start != t.start || v->end != t.end || strcmp(v->perms, t.perms) ||
+	    v->ino != t.ino || strcmp(v->name, t.name)) {
+		fprintf(stderr, "    %#lx: ioctl %lx-%lx %s %llu '%s', text %lx-%lx %s %llu '%s'\n",
+			(unsigned long)a, (unsigned long)v->start, (unsigned long)v->end,
+			v->perms, (unsigned long long)v->ino, v->name,
+			(unsigned long)t.start, (unsigned long)t.end, t.perms,
+			(unsigned long long)t.ino, t.name);
+		return false;
+	}
+	return true;
+}
+
+static int test_vma_query(void)
+{
+	uint8_t *p = mmap(NULL, 5 * 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
+			  -1, 0);
+	uintptr_t b = (uintptr_t)p;
+	struct ursa_vma_info v;
+	char *heap = malloc(64);
+
+	REQUIRE(p != MAP_FAILED && heap);
+	REQUIRE(mprotect(p + 4096, 3 * 4096, PROT_READ | PROT_WRITE) == 0);
+	EXPECT_TRUE(vma_same(b + 2 * 4096 + 5, false, &v));
+	EXPECT_EQ(v.start, b + 4096);
+	EXPECT_EQ(v.end, b + 4 * 4096);
+	EXPECT_TRUE(!strcmp(v.perms, "rw-p") && !v.ino && !v.name[0]);
+	EXPECT_TRUE(vma_same(b, false, &v));
+	EXPECT_TRUE(v.start == b && !strcmp(v.perms, "---p"));
+	REQUIRE(munmap(p, 4096) == 0);
+	EXPECT_TRUE(vma_same(b, false, &v));
+	EXPECT_EQ(v.start, 0);	/* -ENOENT: nothing there */
+	EXPECT_TRUE(vma_same(b, true, &v));
+	EXPECT_TRUE(v.start == b + 4096 && !strcmp(v.perms, "rw-p"));
+	/* this function's code: a file, executable */
+	EXPECT_TRUE(vma_same((uintptr_t)test_vma_query, false, &v));
+	EXPECT_TRUE(v.name[0] == '/' && v.ino && v.perms[2] == 'x');
+	/* glibc's small allocations come from the brk heap */
+	EXPECT_TRUE(vma_same((uintptr_t)heap, false, &v));
+	EXPECT_TRUE(!strcmp(v.name, "[heap]") && !v.ino);
+	free(heap);
+	munmap(p + 4096, 4 * 4096);
 	return TEST_RESULT();
 }
 
@@ -496,6 +557,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(pin_refcounts_overlaps, "overlapping pins are counted"),
 	TEST_ENTRY(pin_limit_and_failure, "memlock limit and undo on failure"),
 	TEST_ENTRY(mtt_page_sizes, "translation entries follow page sizes"),
+	TEST_ENTRY(vma_query, "the mapping of an address: ioctl and text agree"),
 	TEST_ENTRY(mtt_self_real_memory, "translation table of real memory"),
 	TEST_ENTRY(qp_state_table, "IBTA modify-QP table"),
 	TEST_ENTRY(ring_wraparound, "ring indices wrap and stay bounded"),
