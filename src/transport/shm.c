@@ -954,7 +954,8 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 			goto out;
 		chan_dmap_prune(c, m);
 		dl->base = dl->e.map_len ? chan_dmap(c, &dl->e) : NULL;
-		dl->valid = true;
+		/* (a mapping that failed is tried again next time) */
+		dl->valid = !dl->e.map_len || dl->base;
 	}
 	e = &dl->e;
 	if (e->pd != (uint32_t)(qw >> 32) || (e->access & acc) != acc ||
