@@ -109,6 +109,7 @@ static inline bool ursa_pub_alive(const struct ursa_pubmem *m)
 
 	return (w & FUTEX_TID_MASK) && !(w & FUTEX_OWNER_DIED);
 }
+
 /* *out: a consistent copy of rkey's entry; *where: its index in mr[],
  * *seq: its sequence number when copied (for ursa_pub_same). */
 bool ursa_pub_find(const struct ursa_pubmem *m, uint32_t rkey,

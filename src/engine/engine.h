@@ -180,9 +180,6 @@ struct ursa_rstate {
 void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *req,
 		       struct ursa_resp *resp, struct ursa_rstate *rs);
 void ursa_rstate_drop(struct ursa_rstate *rs);
-/* req.c: run a QP's send queue; returns WQEs processed, lowers *deadline
- * to the earliest time a deferred WQE becomes due. */
-int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline);
 
 /* The clock, read once per pass and only when something needs it (*now 0:
  * not read yet): an idle poll or a direct WRITE needs none, and
@@ -196,7 +193,9 @@ static inline uint64_t ursa_need_now(uint64_t *now)
 /* ibv_post_send's shortcut (req.c): true when the WR was carried out and
  * completed; false when nothing happened. */
 bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr);
-/* The same with the clock read only if needed: *now is 0 until then. */
+/* req.c: run a QP's send queue; returns WQEs processed, lowers *deadline
+ * to the earliest time a deferred WQE becomes due. *now: the clock, 0
+ * until something needs it (ursa_need_now). */
 int ursa_req_process_lazy(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline);
 /* Whether the QP has work the engine can do now; lowers *deadline to the
  * time its head WQE becomes due otherwise. */

@@ -759,11 +759,6 @@ unlock:
 	return ok;
 }
 
-int ursa_req_process(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
-{
-	return ursa_req_process_lazy(qp, &now, deadline);
-}
-
 int ursa_req_process_lazy(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline)
 {
 	int done = 0;
