@@ -829,8 +829,9 @@ static int test_dmap_pruned(void)
 /*
  * The direct path keeps the entry it used last (shm.c, dlast) and checks
  * only its seq and the table's gen on the next WRITE: a rereg that keeps
- * the keys but changes the rights must still be seen. Same rights again: the WRITE still goes
- * direct; write right withdrawn: refused, the target's memory untouched.
+ * the keys but changes the rights must still be seen. Same rights again:
+ * the WRITE still goes direct; write right withdrawn: refused, the
+ * target's memory untouched.
  */
 static int test_direct_follows_rereg(void)
 {
