@@ -244,11 +244,12 @@ struct ursa_qp {
 	struct ursa_qp *next;	   /* ctx->qps list */
 	atomic_int refs;	   /* lookups through the loop transport */
 	bool in_ctx_list;
-	/* The MR of the post shortcut's last local SGE (ursa_req_direct),
-	 * with no reference: read and written only under ctx->qp_lock;
-	 * deregistration and rereg clear it (ursa_qp_lcache_drop) before
-	 * the MR changes. */
-	struct ursa_mr *lcache;
+	/* The MR of the requester's last local SGE (ursa_req_direct and
+	 * the engine), and of the responder's last receive SGE (a SEND in
+	 * one piece), with no reference: read and written only under
+	 * ctx->qp_lock; deregistration and rereg clear them
+	 * (ursa_qp_lcache_drop) before the MR changes. */
+	struct ursa_mr *lcache, *rcache;
 
 	pthread_mutex_t state_lock; /* modify_qp and engine state changes */
 	atomic_int state;	   /* enum ibv_qp_state */
@@ -375,11 +376,13 @@ enum ursa_mem_err {
 };
 int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
 		   unsigned int need, struct ursa_mem_ref *ref);
-/* ursa_mem_local for the requester: the QP's cached MR when the lkey
- * is its own (no key table, no reference: ref->k NULL), else the table,
- * and a hit becomes the cache. Caller holds ctx->qp_lock. */
-int ursa_mem_local_cached(struct ursa_qp *qp, const struct ibv_sge *sge,
-			  unsigned int need, struct ursa_mem_ref *ref);
+/* ursa_mem_local through one of the QP's caches (*slot: &qp->lcache or
+ * &qp->rcache): its MR when the lkey is its own (no key table, no
+ * reference: ref->k NULL), else the table, and a hit becomes the cache.
+ * Caller holds ctx->qp_lock. */
+int ursa_mem_local_cached(struct ursa_qp *qp, struct ursa_mr **slot,
+			  const struct ibv_sge *sge, unsigned int need,
+			  struct ursa_mem_ref *ref);
 /* Forget mr in the shortcut caches of ctx's QPs (takes ctx->qp_lock). */
 void ursa_qp_lcache_drop(struct ursa_ctx *ctx, struct ursa_mr *mr);
 int ursa_mem_remote(struct ursa_pd *pd, uint32_t qpn, uint32_t rkey,

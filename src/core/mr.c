@@ -341,10 +341,11 @@ int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
  * passed under a reference, so a cached MR was valid when cached; the
  * state is checked again at every use.
  */
-int ursa_mem_local_cached(struct ursa_qp *qp, const struct ibv_sge *sge,
-			  unsigned int need, struct ursa_mem_ref *ref)
+int ursa_mem_local_cached(struct ursa_qp *qp, struct ursa_mr **slot,
+			  const struct ibv_sge *sge, unsigned int need,
+			  struct ursa_mem_ref *ref)
 {
-	struct ursa_mr *mr = qp->lcache;
+	struct ursa_mr *mr = *slot;
 	int ret;
 
 	if (mr && mr->ibv.lkey == sge->lkey) {
@@ -354,7 +355,7 @@ int ursa_mem_local_cached(struct ursa_qp *qp, const struct ibv_sge *sge,
 	}
 	ret = ursa_mem_local(qp->pd, sge, need, ref);
 	if (!ret)
-		qp->lcache = ref->mr;
+		*slot = ref->mr;
 	return ret;
 }
 

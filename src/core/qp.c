@@ -171,9 +171,12 @@ err:
 void ursa_qp_lcache_drop(struct ursa_ctx *ctx, struct ursa_mr *mr)
 {
 	pthread_mutex_lock(&ctx->qp_lock);
-	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next)
+	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next) {
 		if (qp->lcache == mr)
 			qp->lcache = NULL;
+		if (qp->rcache == mr)
+			qp->rcache = NULL;
+	}
 	pthread_mutex_unlock(&ctx->qp_lock);
 }
 

@@ -359,7 +359,8 @@ static int map_local(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		refs[i].k = NULL;
 		if (!w->sge[i].length)
 			continue;
-		e = ursa_mem_local_cached(qp, &w->sge[i], need, &refs[i]);
+		e = ursa_mem_local_cached(qp, &qp->lcache, &w->sge[i], need,
+					  &refs[i]);
 		if (e) {
 			ursa_dbg("qp %u wr_id %llu: local SGE %u refused: %s",
 				 qp->ex.qp_base.qp_num,
@@ -502,7 +503,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			struct ursa_mem_ref ref;
 
 			orig_le = resp.atomic_orig;
-			if (!ursa_mem_local_cached(qp, &w->sge[0],
+			if (!ursa_mem_local_cached(qp, &qp->lcache, &w->sge[0],
 						   IBV_ACCESS_LOCAL_WRITE, &ref)) {
 				memcpy((void *)ref.va, &orig_le, 8);
 				ursa_mem_put(&ref);
@@ -703,7 +704,8 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 			/* (inline data needs no lkey: it is ours to read) */
 			sg[nsg].va = wr->sg_list[i].addr;
 		} else {
-			if (ursa_mem_local_cached(qp, &wr->sg_list[i],
+			if (ursa_mem_local_cached(qp, &qp->lcache,
+					&wr->sg_list[i],
 					(rd || at) ? IBV_ACCESS_LOCAL_WRITE : 0,
 					&refs[i]))
 				goto put;	/* (refs[i] holds nothing) */

@@ -123,12 +123,16 @@ static pthread_mutex_t *recv_lock(struct ursa_qp *tqp)
 }
 
 /* Validate a receive WQE's SGEs into sg[]; returns the buffer size or a
- * negative ursa_mem_err. */
+ * negative ursa_mem_err. whole: the message comes in one piece, so no
+ * reference needs to outlive this call: the QP's receive-side MR cache
+ * may serve, if this thread holds the QP's context lock (its pass), and
+ * the receive queue is the QP's own (an SRQ may have another PD). */
 static int64_t map_recv(struct ursa_qp *tqp, const struct ursa_recv_wqe *w,
 			struct ursa_sg *sg, struct ursa_mem_ref *refs,
-			uint32_t *nsg)
+			uint32_t *nsg, bool whole)
 {
 	struct ursa_pd *pd = tqp->srq ? tqp->srq->pd : tqp->pd;
+	bool cached = whole && !tqp->srq && ursa_pass_ctx == tqp->ctx;
 	uint64_t total = 0;
 	uint32_t n = MIN(w->num_sge, (uint32_t)URSA_MAX_SGE), k = 0;
 
@@ -138,8 +142,12 @@ static int64_t map_recv(struct ursa_qp *tqp, const struct ursa_recv_wqe *w,
 		refs[i].k = NULL;
 		if (!w->sge[i].length)
 			continue;
-		e = ursa_mem_local(pd, &w->sge[i], IBV_ACCESS_LOCAL_WRITE,
-				   &refs[i]);
+		e = cached ? ursa_mem_local_cached(tqp, &tqp->rcache,
+						   &w->sge[i],
+						   IBV_ACCESS_LOCAL_WRITE,
+						   &refs[i]) :
+			     ursa_mem_local(pd, &w->sge[i],
+					    IBV_ACCESS_LOCAL_WRITE, &refs[i]);
 		if (e) {
 			for (uint32_t j = 0; j < i; j++)
 				ursa_mem_put(&refs[j]);
@@ -210,7 +218,7 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		for (uint32_t i = 0; i < URSA_MAX_SGE; i++)
 			st->refs[i].k = NULL;
 		room = write_imm ? 0 : map_recv(tqp, &st->w, st->sg, st->refs,
-						&st->nsg);
+						&st->nsg, last);
 		wc.wr_id = st->w.wr_id;
 		if (room < 0) {
 			wc.status = IBV_WC_LOC_PROT_ERR;
