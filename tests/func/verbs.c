@@ -371,6 +371,56 @@ static int test_dereg_revokes_at_once(void)
 	return TEST_RESULT();
 }
 
+/*
+ * The responder keeps the MR of the last receive it filled (the QP's
+ * rcache) without a reference: deregistration must clear it. A receive
+ * posted with a key that is then deregistered fails with LOC_PROT_ERR
+ * and its buffer stays untouched (under ASan, a stale cache is a use
+ * after free).
+ */
+static int test_recv_mr_deregistered(void)
+{
+	struct fx f;
+	struct ibv_qp *a, *b;
+	char *sbuf = aligned_alloc(4096, 4096), *rbuf = aligned_alloc(4096, 4096);
+	struct ibv_mr *smr, *rmr;
+	struct ibv_wc wc;
+	int st[5] = { -1, -1, -1, -1, -1 };
+
+	REQUIRE(sbuf && rbuf && fx_open(&f, 64) == 0);
+	a = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+	b = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+	smr = ibv_reg_mr(f.pd, sbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	rmr = ibv_reg_mr(f.pd, rbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(a && b && smr && rmr && connect_pair(a, b, 0) == 0);
+	memset(rbuf, 0, 4096);
+	memcpy(sbuf, "first", 6);
+	REQUIRE(post_recv1(b, rbuf, 64, rmr->lkey, 1) == 0);
+	REQUIRE(post_send1(a, IBV_WR_SEND, sbuf, 6, smr->lkey, 0, 0, 2) == 0);
+	/* then a receive with the same key, and the key goes */
+	for (int i = 0; i < 2 && wait_wc(f.cq, &wc, 5000) == 1; i++)
+		st[wc.wr_id < 5 ? wc.wr_id : 0] = wc.status;
+	EXPECT_TRUE(st[1] == IBV_WC_SUCCESS && st[2] == IBV_WC_SUCCESS);
+	EXPECT_TRUE(!strcmp(rbuf, "first"));
+	memset(rbuf, 0, 64);
+	REQUIRE(post_recv1(b, rbuf, 64, rmr->lkey, 3) == 0);
+	REQUIRE(ibv_dereg_mr(rmr) == 0);
+	memcpy(sbuf, "second", 7);
+	REQUIRE(post_send1(a, IBV_WR_SEND, sbuf, 7, smr->lkey, 0, 0, 4) == 0);
+	for (int i = 0; i < 2 && wait_wc(f.cq, &wc, 5000) == 1; i++)
+		st[wc.wr_id < 5 ? wc.wr_id : 0] = wc.status;
+	EXPECT_EQ(st[3], IBV_WC_LOC_PROT_ERR);
+	EXPECT_EQ(st[4], IBV_WC_REM_OP_ERR);
+	EXPECT_EQ(rbuf[0], 0);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(smr);
+	fx_close(&f);
+	free(sbuf);
+	free(rbuf);
+	return TEST_RESULT();
+}
+
 static int test_rereg_mr(void)
 {
 	struct fx f;
@@ -1083,6 +1133,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(thp_cuts_entries, "huge pages cut translation entries"),
 	TEST_ENTRY(dereg_revokes_at_once, "a deregistered rkey fails at once"),
 	TEST_ENTRY(rereg_mr, "ibv_rereg_mr translation, PD, access"),
+	TEST_ENTRY(recv_mr_deregistered, "a receive whose MR went: LOC_PROT_ERR, buffer untouched"),
 	TEST_ENTRY(mw_type1, "type 1 window: bind, access, bounds"),
 	TEST_ENTRY(mw_type2_invalidate, "type 2 window: bind, invalidate"),
 	TEST_ENTRY(cq, "CQ create, resize, bad sizes"),
