@@ -334,8 +334,9 @@ int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
 /*
  * The key table costs a read lock, its unlock and a reference (four locked
  * instructions with the put) per SGE: a fifth of a same-host post. The
- * shortcut keeps the last MR it used instead, without a reference: it
- * runs under ctx->qp_lock, and deregistration and rereg mark the MR
+ * requester (the post shortcut and the engine) and the responder (a SEND
+ * in one piece) keep the last MR they used instead, without a reference:
+ * they run under ctx->qp_lock, and deregistration and rereg mark the MR
  * invalid and then clear every cache of the context under that lock
  * before they unpin or free it. A fill happens only after the checks
  * passed under a reference, so a cached MR was valid when cached; the
