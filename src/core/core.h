@@ -376,13 +376,63 @@ enum ursa_mem_err {
 };
 int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
 		   unsigned int need, struct ursa_mem_ref *ref);
+
+/* The address of iova in mr, through the MR's translation table. */
+static inline int ursa_mr_translate(struct ursa_mr *mr, uint64_t iova,
+				    uint64_t len, uintptr_t *va)
+{
+	uintptr_t v = mr->addr + (uintptr_t)(iova - mr->iova);
+
+	/* The NIC's view: the page must be in the table. A zero-length
+	 * access at the very end names no page and needs no lookup. */
+	if (len && ursa_mtt_lookup(&mr->mtt, v) < 0)
+		return URSA_MEM_BAD_BOUNDS;
+	*va = v;
+	return URSA_MEM_OK;
+}
+
+/* The checks of a local SGE against its MR (IBTA 10.6.3.1). */
+static inline int ursa_mr_local_check(struct ursa_mr *mr, struct ursa_pd *pd,
+				      const struct ibv_sge *sge,
+				      unsigned int need, uintptr_t *va)
+{
+	if (atomic_load_explicit(&mr->state, memory_order_acquire) !=
+	    URSA_MR_VALID)
+		return URSA_MEM_BAD_KEY;
+	if (mr->pd != pd)
+		return URSA_MEM_BAD_PD;
+	if (!ursa_in_bounds(mr->iova, mr->length, sge->addr, sge->length))
+		return URSA_MEM_BAD_BOUNDS;
+	if ((need & IBV_ACCESS_LOCAL_WRITE) &&
+	    !(mr->access & IBV_ACCESS_LOCAL_WRITE))
+		return URSA_MEM_BAD_ACCESS;
+	return ursa_mr_translate(mr, sge->addr, sge->length, va);
+}
+
+/* ursa_mem_local_cached's miss: the table, and a hit becomes the cache. */
+int ursa_mem_local_fill(struct ursa_qp *qp, struct ursa_mr **slot,
+			const struct ibv_sge *sge, unsigned int need,
+			struct ursa_mem_ref *ref);
+
 /* ursa_mem_local through one of the QP's caches (*slot: &qp->lcache or
  * &qp->rcache): its MR when the lkey is its own (no key table, no
  * reference: ref->k NULL), else the table, and a hit becomes the cache.
- * Caller holds ctx->qp_lock. */
-int ursa_mem_local_cached(struct ursa_qp *qp, struct ursa_mr **slot,
-			  const struct ibv_sge *sge, unsigned int need,
-			  struct ursa_mem_ref *ref);
+ * Caller holds ctx->qp_lock. Inline: every post's SGEs go through it. */
+static inline int ursa_mem_local_cached(struct ursa_qp *qp,
+					struct ursa_mr **slot,
+					const struct ibv_sge *sge,
+					unsigned int need,
+					struct ursa_mem_ref *ref)
+{
+	struct ursa_mr *mr = *slot;
+
+	if (mr && mr->ibv.lkey == sge->lkey) {
+		ref->k = NULL;
+		ref->mr = mr;
+		return ursa_mr_local_check(mr, qp->pd, sge, need, &ref->va);
+	}
+	return ursa_mem_local_fill(qp, slot, sge, need, ref);
+}
 /* Forget mr in the shortcut caches of ctx's QPs (takes ctx->qp_lock). */
 void ursa_qp_lcache_drop(struct ursa_ctx *ctx, struct ursa_mr *mr);
 int ursa_mem_remote(struct ursa_pd *pd, uint32_t qpn, uint32_t rkey,

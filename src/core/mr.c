@@ -281,37 +281,6 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 	return 0;
 }
 
-static int translate(struct ursa_mr *mr, uint64_t iova, uint64_t len,
-		     uintptr_t *va)
-{
-	uintptr_t v = mr->addr + (uintptr_t)(iova - mr->iova);
-
-	/* The NIC's view: the page must be in the table. A zero-length
-	 * access at the very end names no page and needs no lookup. */
-	if (len && ursa_mtt_lookup(&mr->mtt, v) < 0)
-		return URSA_MEM_BAD_BOUNDS;
-	*va = v;
-	return URSA_MEM_OK;
-}
-
-/* The checks of a local SGE against its MR (IBTA 10.6.3.1). */
-static int local_check(struct ursa_mr *mr, struct ursa_pd *pd,
-		       const struct ibv_sge *sge, unsigned int need,
-		       uintptr_t *va)
-{
-	if (atomic_load_explicit(&mr->state, memory_order_acquire) !=
-	    URSA_MR_VALID)
-		return URSA_MEM_BAD_KEY;
-	if (mr->pd != pd)
-		return URSA_MEM_BAD_PD;
-	if (!ursa_in_bounds(mr->iova, mr->length, sge->addr, sge->length))
-		return URSA_MEM_BAD_BOUNDS;
-	if ((need & IBV_ACCESS_LOCAL_WRITE) &&
-	    !(mr->access & IBV_ACCESS_LOCAL_WRITE))
-		return URSA_MEM_BAD_ACCESS;
-	return translate(mr, sge->addr, sge->length, va);
-}
-
 int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
 		   unsigned int need, struct ursa_mem_ref *ref)
 {
@@ -325,7 +294,7 @@ int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
 		return URSA_MEM_BAD_KEY;
 	ref->k = k;
 	ref->mr = container_of(k, struct ursa_mr, lk);
-	ret = local_check(ref->mr, pd, sge, need, &ref->va);
+	ret = ursa_mr_local_check(ref->mr, pd, sge, need, &ref->va);
 	if (ret)
 		ursa_mem_put(ref);
 	return ret;
@@ -342,19 +311,12 @@ int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
  * passed under a reference, so a cached MR was valid when cached; the
  * state is checked again at every use.
  */
-int ursa_mem_local_cached(struct ursa_qp *qp, struct ursa_mr **slot,
-			  const struct ibv_sge *sge, unsigned int need,
-			  struct ursa_mem_ref *ref)
+int ursa_mem_local_fill(struct ursa_qp *qp, struct ursa_mr **slot,
+			const struct ibv_sge *sge, unsigned int need,
+			struct ursa_mem_ref *ref)
 {
-	struct ursa_mr *mr = *slot;
-	int ret;
+	int ret = ursa_mem_local(qp->pd, sge, need, ref);
 
-	if (mr && mr->ibv.lkey == sge->lkey) {
-		ref->k = NULL;
-		ref->mr = mr;
-		return local_check(mr, qp->pd, sge, need, &ref->va);
-	}
-	ret = ursa_mem_local(qp->pd, sge, need, ref);
 	if (!ret)
 		*slot = ref->mr;
 	return ret;
@@ -389,7 +351,7 @@ int ursa_mem_remote(struct ursa_pd *pd, uint32_t qpn, uint32_t rkey,
 		else if ((mr->access & need) != need)
 			ret = URSA_MEM_BAD_ACCESS;
 		else
-			ret = translate(mr, va, len, &ref->va);
+			ret = ursa_mr_translate(mr, va, len, &ref->va);
 	} else {
 		struct ursa_mw *mw = container_of(k, struct ursa_mw, k);
 
@@ -406,7 +368,7 @@ int ursa_mem_remote(struct ursa_pd *pd, uint32_t qpn, uint32_t rkey,
 		else if ((mw->access & need) != need)
 			ret = URSA_MEM_BAD_ACCESS;
 		else
-			ret = translate(mw->mr, va, len, &ref->va);
+			ret = ursa_mr_translate(mw->mr, va, len, &ref->va);
 		pthread_mutex_unlock(&mw->lock);
 	}
 	if (ret)
