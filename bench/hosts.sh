@@ -79,6 +79,10 @@ if [ -n "$CSV" ]; then
 	echo "limit,tcp_MBps,0,$t_bw," >>"$CSV"
 	echo "limit,tcp_MBps_mtu9000,0,$t_bw9," >>"$CSV"
 	echo "bw_med,write,1048576,$w_bw," >>"$CSV"
+	# (the latency pair above, 5000 round trips, next to the UDP one;
+	# the "lat" rows below are a sweep of 1000 each)
+	echo "lat_pair,write,64,$w_med," >>"$CSV"
+	echo "lat_pair,send,64,$s_med," >>"$CSV"
 	echo "bw_mtu9000,write,1048576,$w_bw9," >>"$CSV"
 	for op in write send read; do
 		for sz in 8 64 1024 16384 262144; do

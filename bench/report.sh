@@ -275,7 +275,7 @@ S="$OUT/samehost.csv"; H="$OUT/hosts.csv"; U="$OUT/ucx.csv"
 		"$(get "$OUT/regcost.csv" '$1==4096&&$2=="mlock"' 3)" "mlock + munlock"
 	row "registration, 64 MiB" "$(get "$OUT/regcost.csv" '$1==67108864&&$2=="4k"' 3)" µs \
 		"$(get "$OUT/regcost.csv" '$1==67108864&&$2=="mlock"' 3)" "mlock + munlock"
-	row "64 B WRITE one way, between namespaces" "$(get "$H" '$1=="lat"&&$2=="write"&&$3==64' 4)" µs \
+	row "64 B WRITE one way, between namespaces" "$(get "$H" '$1=="lat_pair"&&$2=="write"' 4)" µs \
 		"$(get "$H" '$2=="udp_oneway_us"' 4)" "UDP ping-pong"
 	row "1 MiB WRITE, between namespaces (median of 3)" "$(get "$H" '$1=="bw_med"&&$2=="write"' 4)" MB/s \
 		"$(get "$H" '$2=="tcp_MBps"' 4)" "TCP stream"
