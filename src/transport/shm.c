@@ -923,7 +923,7 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	uint64_t len = at ? 8 : r->msg_len, qw, ta;
 	struct ursa_dlast *dl = &c->dlast;
 	const struct ursa_pub_mr *e;
-	uint8_t *base;
+	uint8_t *base = NULL;
 	ssize_t n = -1;
 
 	if (!m || c->dslot >= URSA_PUB_QPS || !len ||
