@@ -810,8 +810,9 @@ static void chan_dmap_prune(struct ursa_chan *c, const struct ursa_pubmem *m)
 
 /* A WRITE, READ or atomic on the target's pages mapped at t. (Inline: its
  * one caller is the direct path, where it is most of an 8 B WRITE.) */
-static inline __attribute__((always_inline)) void map_xfer(const struct ursa_req *r, uint8_t *t, uint64_t len,
-		     struct ursa_resp *resp)
+static inline __attribute__((always_inline)) void
+map_xfer(const struct ursa_req *r, uint8_t *t, uint64_t len,
+	 struct ursa_resp *resp)
 {
 	struct ursa_sg part[URSA_MAX_SGE], s = { (uintptr_t)t, len };
 	uint32_t nl;

@@ -6,9 +6,9 @@
  * Requester: each WQE of a QP's send queue is a message, cut into path-MTU
  * packets with consecutive PSNs and sent in a window (window_max);
  * WRITEs and SENDs, or READs and atomics, follow each other without
- * waiting for their answers (see pipe_class). The responder's cumulative ACKs move the
- * window, a PSN-sequence NAK or the ACK timeout sends again from the first
- * unacknowledged packet (go-back-N).
+ * waiting for their answers (see pipe_class). The responder's
+ * cumulative ACKs move the window, a PSN-sequence NAK or the ACK timeout
+ * sends again from the first unacknowledged packet (go-back-N).
  *
  * Responder: packets are checked (length, opcode, ICRC, destination QP,
  * source address for connected QPs, PSN) and then executed by the same
@@ -2288,7 +2288,7 @@ static bool read_place(const struct ursa_sg *dst, uint32_t ndst, uint64_t len,
 /* A READ response or an ATOMIC ACKNOWLEDGE for a READ or atomic of the
  * pipe (see pipe_class). */
 static void pipe_resp(struct ursa_qp *qp, struct ursa_uqp *u,
-			   struct upipe *e, const struct roce_pkt *p)
+		      struct upipe *e, const struct roce_pkt *p)
 {
 	uint32_t idx = (p->psn - e->first) & 0xffffff;
 	bool atomic_ack = (p->opcode & 0x1f) == OP_ATOMIC_ACK;

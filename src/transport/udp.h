@@ -59,7 +59,8 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
 /* The QP's held-back ACK and held request (udp.c "Delayed ACK"): sent or
  * executed if due, else *deadline lowered to when they are (engine: the
- * engine's own pass). Returns how many were due. */
+ * engine's own pass). *now: the clock, 0 until read (ursa_need_now).
+ * Returns how many were due. */
 int ursa_udp_acks(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
 		  bool engine);
 /* At process exit: send the QP's held-back ACK. */
