@@ -96,7 +96,7 @@ struct ursa_ctx {
 	struct verbs_context vctx; /* context is its last member */
 	struct ursa_device *dev;
 	struct ursa_engine *eng;
-	pthread_mutex_t qp_lock;
+	ursa_mutex qp_lock;
 	struct ursa_qp *qps;	   /* list served by this context's engine */
 	struct ursa_evq async;
 	atomic_int nobjs;	   /* live objects, for leak checks */
@@ -234,6 +234,15 @@ struct ursa_qp_counters {
 	atomic_uint_fast64_t pkts_tx, pkts_rx, naks_seq, naks_inv, naks_access,
 		naks_op, rnr_rcvd, drops;
 };
+
+/* Add to a counter whose writers all hold one lock (ctx->qp_lock for the
+ * requester's byte counters), readers loading it without: a load and a
+ * store, not a locked add on the post's path. */
+static inline void ursa_cnt_add(atomic_uint_fast64_t *c, uint64_t v)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v,
+			      memory_order_relaxed);
+}
 
 struct ursa_qp {
 	struct ibv_qp_ex ex;	   /* starts with struct ibv_qp */
@@ -406,7 +415,12 @@ static inline int ursa_mr_local_check(struct ursa_mr *mr, struct ursa_pd *pd,
 	if ((need & IBV_ACCESS_LOCAL_WRITE) &&
 	    !(mr->access & IBV_ACCESS_LOCAL_WRITE))
 		return URSA_MEM_BAD_ACCESS;
-	return ursa_mr_translate(mr, sge->addr, sge->length, va);
+	/* No table walk, unlike a remote access (ursa_mr_translate): the
+	 * table covers every page of the MR without a gap (mtt.c builds it
+	 * so), so the bounds check has proved the entry there, and a post
+	 * saves the lookup. */
+	*va = mr->addr + (uintptr_t)(sge->addr - mr->iova);
+	return URSA_MEM_OK;
 }
 
 /* ursa_mem_local_cached's miss: the table, and a hit becomes the cache. */

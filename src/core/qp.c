@@ -150,11 +150,11 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 	atomic_fetch_add(&qp->rcq->refs, 1);
 	if (qp->srq)
 		atomic_fetch_add(&qp->srq->refs, 1);
-	pthread_mutex_lock(&ctx->qp_lock);
+	ursa_mutex_lock(&ctx->qp_lock);
 	qp->next = ctx->qps;
 	ctx->qps = qp;
 	qp->in_ctx_list = true;
-	pthread_mutex_unlock(&ctx->qp_lock);
+	ursa_mutex_unlock(&ctx->qp_lock);
 	atomic_fetch_add(&ctx->nobjs, 1);
 	*out = qp;
 	return 0;
@@ -170,14 +170,14 @@ err:
 
 void ursa_qp_lcache_drop(struct ursa_ctx *ctx, struct ursa_mr *mr)
 {
-	pthread_mutex_lock(&ctx->qp_lock);
+	ursa_mutex_lock(&ctx->qp_lock);
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next) {
 		if (qp->lcache == mr)
 			qp->lcache = NULL;
 		if (qp->rcache == mr)
 			qp->rcache = NULL;
 	}
-	pthread_mutex_unlock(&ctx->qp_lock);
+	ursa_mutex_unlock(&ctx->qp_lock);
 }
 
 int ursa_qp_destroy(struct ursa_qp *qp)
@@ -186,7 +186,7 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 
 	/* No responder can find the QP after this, and none still runs. */
 	ursa_loop_del(qp);
-	pthread_mutex_lock(&ctx->qp_lock);
+	ursa_mutex_lock(&ctx->qp_lock);
 	for (struct ursa_qp **pp = &ctx->qps; *pp; pp = &(*pp)->next)
 		if (*pp == qp) {
 			*pp = qp->next;
@@ -195,7 +195,7 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 	/* Peers with channels to this QP see them close. */
 	ursa_shm_qp_close(qp);
 	ursa_shm_unlisten(qp);
-	pthread_mutex_unlock(&ctx->qp_lock);
+	ursa_mutex_unlock(&ctx->qp_lock);
 	/* Only now: a pass (engine or application, under qp_lock) walks
 	 * ctx->qps and reads qp->udp (held ACKs, send steps). */
 	ursa_uqp_fini(qp);
@@ -334,7 +334,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 					     a->qp_state == IBV_QPS_SQD);
 
 	if (eng)
-		pthread_mutex_lock(&ctx->qp_lock);
+		ursa_mutex_lock(&ctx->qp_lock);
 	pthread_mutex_lock(&qp->state_lock);
 	cur = qp_state(qp);
 	next = (mask & IBV_QP_STATE) ? (int)a->qp_state : cur;
@@ -344,7 +344,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	if (ret) {
 		pthread_mutex_unlock(&qp->state_lock);
 		if (eng)
-			pthread_mutex_unlock(&ctx->qp_lock);
+			ursa_mutex_unlock(&ctx->qp_lock);
 		return ret;
 	}
 	if (mask & IBV_QP_PKEY_INDEX) q->pkey_index = a->pkey_index;
@@ -388,14 +388,14 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		memset(q, 0, sizeof(*q));
 		ursa_pub_qp_update(qp);
 		pthread_mutex_unlock(&qp->state_lock);
-		pthread_mutex_unlock(&ctx->qp_lock);
+		ursa_mutex_unlock(&ctx->qp_lock);
 		ursa_uqp_modified(qp, mask);
 		return 0;
 	}
 	if (next == IBV_QPS_ERR) {
 		pthread_mutex_unlock(&qp->state_lock);
 		if (eng)
-			pthread_mutex_unlock(&ctx->qp_lock);
+			ursa_mutex_unlock(&ctx->qp_lock);
 		ursa_qp_to_error(qp, false);
 		ursa_uqp_modified(qp, mask);
 		return 0;
@@ -405,7 +405,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		 * send queue is drained the moment the state changes. */
 		set_state(qp, next);
 		pthread_mutex_unlock(&qp->state_lock);
-		pthread_mutex_unlock(&ctx->qp_lock);
+		ursa_mutex_unlock(&ctx->qp_lock);
 		if ((mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && a->en_sqd_async_notify)
 			ursa_async_event(ctx, IBV_EVENT_SQ_DRAINED,
 					 &qp->ex.qp_base);
@@ -414,7 +414,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	set_state(qp, next);
 	pthread_mutex_unlock(&qp->state_lock);
 	if (eng)
-		pthread_mutex_unlock(&ctx->qp_lock);
+		ursa_mutex_unlock(&ctx->qp_lock);
 	ursa_uqp_modified(qp, mask);
 	if (next == IBV_QPS_RTS && ctx->eng)
 		ursa_engine_kick(ctx->eng);

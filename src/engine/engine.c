@@ -57,8 +57,8 @@ static bool lock_unless_app(struct ursa_engine *e, uint64_t now)
 {
 	if (now - atomic_load_explicit(&e->app_pass_ns, memory_order_relaxed) <
 	    APP_POLL_NS)
-		return !pthread_mutex_trylock(&e->ctx->qp_lock);
-	pthread_mutex_lock(&e->ctx->qp_lock);
+		return ursa_mutex_trylock(&e->ctx->qp_lock);
+	ursa_mutex_lock(&e->ctx->qp_lock);
 	return true;
 }
 
@@ -78,7 +78,7 @@ static bool any_pending(struct ursa_engine *e, uint64_t now,
 	for (struct ursa_qp *qp = ctx->qps; qp && !p; qp = qp->next)
 		p = ursa_req_pending(qp, now, deadline) ||
 		    ursa_udp_acks(qp, &now, deadline, true) > 0;
-	pthread_mutex_unlock(&ctx->qp_lock);
+	ursa_mutex_unlock(&ctx->qp_lock);
 	return p;
 }
 
@@ -127,11 +127,11 @@ int ursa_engine_progress(struct ursa_ctx *ctx, bool polling)
 	uint64_t deadline = UINT64_MAX, now;
 	int work;
 
-	if (!e || pthread_mutex_trylock(&ctx->qp_lock))
+	if (!e || !ursa_mutex_trylock(&ctx->qp_lock))
 		return -EBUSY;
 	now = 0;	/* (read when the pass needs it) */
 	work = pass(ctx, &now, &deadline, false);
-	pthread_mutex_unlock(&ctx->qp_lock);
+	ursa_mutex_unlock(&ctx->qp_lock);
 	/* The time stamps below say "an application thread polls" to the
 	 * engine and to peers, who compare them at microseconds (50 µs,
 	 * 20 µs): a thread that polls an idle CQ in a loop refreshes them
@@ -182,9 +182,9 @@ void ursa_engine_app_blocks(struct ursa_ctx *ctx)
 		return;	/* (an awake engine looks at the rings again) */
 	/* The served channels change under the lock; when another pass
 	 * holds it, ring rather than wait. */
-	if (!pthread_mutex_trylock(&ctx->qp_lock)) {
+	if (ursa_mutex_trylock(&ctx->qp_lock)) {
 		pending = ursa_shm_serve_pending(e);
-		pthread_mutex_unlock(&ctx->qp_lock);
+		ursa_mutex_unlock(&ctx->qp_lock);
 	}
 	if (pending)
 		ursa_engine_kick(e);
@@ -197,12 +197,12 @@ int ursa_engine_progress_qp(struct ursa_qp *qp)
 	uint64_t deadline = UINT64_MAX, now = 0;
 	int work;
 
-	if (!e || pthread_mutex_trylock(&ctx->qp_lock))
+	if (!e || !ursa_mutex_trylock(&ctx->qp_lock))
 		return -EBUSY;
 	ursa_pass_ctx = ctx;
 	work = ursa_req_process_lazy(qp, &now, &deadline);
 	ursa_pass_ctx = NULL;
-	pthread_mutex_unlock(&ctx->qp_lock);
+	ursa_mutex_unlock(&ctx->qp_lock);
 	/* (no clock read: nothing that waits on a timer was started) */
 	if (work > 0 && now)
 		atomic_store_explicit(&e->active_ns, now, memory_order_relaxed);
@@ -259,14 +259,14 @@ static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns)
 	}
 	if (!chan)
 		return other;
-	pthread_mutex_lock(&e->ctx->qp_lock);
+	ursa_mutex_lock(&e->ctx->qp_lock);
 	for (int i = 0; i < n; i++) {
 		struct ursa_watch *w = ev[i].data.ptr;
 
 		if (w->kind != URSA_W_UDP && w->kind != URSA_W_DOORBELL)
 			ursa_shm_event(e, w, ev[i].events);
 	}
-	pthread_mutex_unlock(&e->ctx->qp_lock);
+	ursa_mutex_unlock(&e->ctx->qp_lock);
 	return true;
 }
 
@@ -318,7 +318,7 @@ static void *engine_main(void *arg)
 			 * may hold events that still name them. */
 			ursa_shm_reap(e);
 			work += pass(ctx, &now, &deadline, true);
-			pthread_mutex_unlock(&ctx->qp_lock);
+			ursa_mutex_unlock(&ctx->qp_lock);
 		}
 		if (now - last_events > EVENT_POLL_NS) {
 			/* connection requests and peer deaths, even when

@@ -668,10 +668,9 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 	bool inl = wr->send_flags & IBV_SEND_INLINE;
 	struct ursa_mem_ref refs[URSA_MAX_SGE];
 	struct ursa_sg sg[URSA_MAX_SGE];
-	struct ursa_req r;
-	struct ursa_resp resp;
+	struct ursa_dop op;
 	uint32_t nsg = 0, ns, nref = 0;
-	uint64_t len = 0;
+	uint64_t len = 0, orig;
 	bool ok = false;
 
 	if (qp->ex_api || !qp->chans || wr->num_sge < 0 ||
@@ -692,7 +691,7 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 	if (!len || len > URSA_MAX_MSG_SZ ||
 	    (inl && len > qp->cap.max_inline_data))
 		return false;
-	if (pthread_mutex_trylock(&qp->ctx->qp_lock))
+	if (!ursa_mutex_trylock(&qp->ctx->qp_lock))
 		return false;
 	if (qp_state(qp) != IBV_QPS_RTS || ursa_ring_ready(&qp->sq))
 		goto unlock;
@@ -713,51 +712,34 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 		}
 		sg[nsg++].len = wr->sg_list[i].length;
 	}
-	/* Field by field, all but the GIDs and the path attributes, which
-	 * the direct path never reads: an initializer would clear the whole
-	 * struct by a rep stos, a quarter of this function's time. */
-	memset(&r, 0, offsetof(struct ursa_req, sgid));
-	r.opcode = wr->opcode;
-	r.frag = URSA_FRAG_ONLY;
-	r.msg_len = r.len = at ? 8 : len;
-	r.src = r.dst = NULL;
-	r.nsrc = r.ndst = 0;
-	r.src_remote = r.dst_remote = false;
-	r.imm = 0;
-	r.has_imm = r.invalidate = r.solicited = false;
-	r.compare_add = r.swap = 0;
-	r.remote_addr = wr->wr.rdma.remote_addr;
-	r.rkey = wr->wr.rdma.rkey;
+	op.opcode = wr->opcode;
+	op.len = len;
+	op.sg = sg;
+	op.nsg = nsg;
 	if (at) {
-		r.remote_addr = wr->wr.atomic.remote_addr;
-		r.rkey = wr->wr.atomic.rkey;
-		r.compare_add = wr->wr.atomic.compare_add;
-		r.swap = wr->wr.atomic.swap;
-	} else if (rd) {
-		r.dst = sg;
-		r.ndst = nsg;
+		op.remote_addr = wr->wr.atomic.remote_addr;
+		op.rkey = wr->wr.atomic.rkey;
+		op.compare_add = wr->wr.atomic.compare_add;
+		op.swap = wr->wr.atomic.swap;
 	} else {
-		r.src = sg;
-		r.nsrc = nsg;
+		op.remote_addr = wr->wr.rdma.remote_addr;
+		op.rkey = wr->wr.rdma.rkey;
 	}
-	if (!ursa_shm_direct(qp, NULL, &r, &resp))
+	if (!ursa_shm_direct_op(qp, &op, &orig))
 		goto put;
 	ok = true;
-	if (at) {
-		uint64_t orig = resp.atomic_orig;
-
+	if (at)
 		/* host byte order, as the verbs API defines it */
 		memcpy((void *)refs[0].va, &orig, 8);
-	} else if (!rd) {
-		atomic_fetch_add(&qp->cnt.tx_bytes, len);
-	}
+	else if (!rd)
+		ursa_cnt_add(&qp->cnt.tx_bytes, len);	/* (under qp_lock) */
 	if ((wr->send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all)
 		push_wc(qp, wr->wr_id, wr->opcode, len, IBV_WC_SUCCESS, 0);
 put:
 	for (uint32_t i = 0; i < nref; i++)
 		ursa_mem_put(&refs[i]);
 unlock:
-	pthread_mutex_unlock(&qp->ctx->qp_lock);
+	ursa_mutex_unlock(&qp->ctx->qp_lock);
 	return ok;
 }
 

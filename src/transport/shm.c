@@ -811,8 +811,7 @@ static void chan_dmap_prune(struct ursa_chan *c, const struct ursa_pubmem *m)
 /* A WRITE, READ or atomic on the target's pages mapped at t. (Inline: its
  * one caller is the direct path, where it is most of an 8 B WRITE.) */
 static inline __attribute__((always_inline)) void
-map_xfer(const struct ursa_req *r, uint8_t *t, uint64_t len,
-	 struct ursa_resp *resp)
+map_xfer(const struct ursa_dop *r, uint8_t *t, uint64_t len, uint64_t *orig)
 {
 	struct ursa_sg part[URSA_MAX_SGE], s = { (uintptr_t)t, len };
 	uint32_t nl;
@@ -822,9 +821,8 @@ map_xfer(const struct ursa_req *r, uint8_t *t, uint64_t len,
 		/* The same locked instructions as the target's responder
 		 * (resp.c) on the same physical memory: atomic against it
 		 * and against every other requester. */
-		resp->atomic_orig = __atomic_fetch_add((uint64_t *)t,
-						       r->compare_add,
-						       __ATOMIC_SEQ_CST);
+		*orig = __atomic_fetch_add((uint64_t *)t, r->compare_add,
+					   __ATOMIC_SEQ_CST);
 		return;
 	case IBV_WR_ATOMIC_CMP_AND_SWP: {
 		uint64_t expect = r->compare_add;
@@ -832,21 +830,21 @@ map_xfer(const struct ursa_req *r, uint8_t *t, uint64_t len,
 		__atomic_compare_exchange_n((uint64_t *)t, &expect, r->swap,
 					    false, __ATOMIC_SEQ_CST,
 					    __ATOMIC_SEQ_CST);
-		resp->atomic_orig = expect;
+		*orig = expect;
 		return;
 	}
 	case IBV_WR_RDMA_READ:
-		nl = ursa_sg_slice(r->dst, r->ndst, 0, len, part);
+		nl = ursa_sg_slice(r->sg, r->nsg, 0, len, part);
 		ursa_sg_copy(part, nl, &s, 1, len);
 		return;
 	default:
 		/* The last byte last, with release order (ursa_sg_copy): a
 		 * target spinning on it sees the whole message. */
-		if (r->nsrc == 1 && r->src[0].len == len) {
-			ursa_copy_ordered(t, (const uint8_t *)r->src[0].va, len);
+		if (r->nsg == 1 && r->sg[0].len == len) {
+			ursa_copy_ordered(t, (const uint8_t *)r->sg[0].va, len);
 			return;
 		}
-		nl = ursa_sg_slice(r->src, r->nsrc, 0, len, part);
+		nl = ursa_sg_slice(r->sg, r->nsg, 0, len, part);
 		ursa_sg_copy(&s, 1, part, nl, len);
 		return;
 	}
@@ -854,7 +852,7 @@ map_xfer(const struct ursa_req *r, uint8_t *t, uint64_t len,
 
 /* The copy by cross-memory attach: one process_vm_writev/readv between
  * the two MRs. Returns the bytes moved or -1 (errno set). */
-static ssize_t cma_xfer(struct ursa_chan *c, const struct ursa_req *r,
+static ssize_t cma_xfer(struct ursa_chan *c, const struct ursa_dop *r,
 			uint64_t ta, uint64_t len)
 {
 	bool rd = r->opcode == IBV_WR_RDMA_READ;
@@ -863,8 +861,7 @@ static ssize_t cma_xfer(struct ursa_chan *c, const struct ursa_req *r,
 	uint32_t nl;
 	ssize_t n;
 
-	nl = ursa_sg_slice(rd ? r->dst : r->src, rd ? r->ndst : r->nsrc, 0,
-			   len, part);
+	nl = ursa_sg_slice(r->sg, r->nsg, 0, len, part);
 	for (uint32_t i = 0; i < nl; i++) {
 		l[i].iov_base = (void *)(uintptr_t)part[i].va;
 		l[i].iov_len = part[i].len;
@@ -912,7 +909,7 @@ static ssize_t cma_xfer(struct ursa_chan *c, const struct ursa_req *r,
  * responder checks it again and names the check that refuses.
  */
 static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
-			const struct ursa_req *r, struct ursa_resp *resp)
+			const struct ursa_dop *r, uint64_t *orig)
 {
 	const struct ursa_pubmem *m = c->dpub;
 	bool rd = r->opcode == IBV_WR_RDMA_READ;
@@ -921,7 +918,7 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	uint32_t need = at ? URSA_PUBQ_ATOMIC : rd ? URSA_PUBQ_READ : URSA_PUBQ_WRITE;
 	unsigned int acc = at ? IBV_ACCESS_REMOTE_ATOMIC :
 			   rd ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
-	uint64_t len = at ? 8 : r->msg_len, qw, ta;
+	uint64_t len = r->len, qw, ta;
 	struct ursa_dlast *dl = &c->dlast;
 	const struct ursa_pub_mr *e;
 	uint8_t *base = NULL;
@@ -969,7 +966,7 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	base = ursa_in_bounds(e->map_start, e->map_len, ta, len) ? dl->base :
 								   NULL;
 	if (base) {
-		map_xfer(r, base + (ta - e->map_start), len, resp);
+		map_xfer(r, base + (ta - e->map_start), len, orig);
 		n = (ssize_t)len;
 	} else if (!at && c->dcma) {
 		n = cma_xfer(c, r, ta, len);
@@ -988,36 +985,58 @@ out:
 	atomic_store_explicit(&c->mem->busy, 0, memory_order_release);
 	if (n != (ssize_t)len)
 		return false;
+	/* (counters: every writer holds ctx->qp_lock) */
 	if (at) {
-		atomic_fetch_add(&qp->cnt.map_atomics, 1);
+		ursa_cnt_add(&qp->cnt.map_atomics, 1);
 		return true;
 	}
-	atomic_fetch_add(&qp->cnt.direct_bytes, len);
+	ursa_cnt_add(&qp->cnt.direct_bytes, len);
 	if (base)
-		atomic_fetch_add(&qp->cnt.map_bytes, len);
+		ursa_cnt_add(&qp->cnt.map_bytes, len);
 	return true;
+}
+
+/* The channel to the connected QP, if the direct path may use it. */
+static inline struct ursa_chan *direct_chan(struct ursa_qp *qp)
+{
+	uint32_t dqpn = qp->attr.dest_qp_num & 0xffffff;
+
+	for (struct ursa_chan *c = qp->chans; c; c = c->next)
+		if (c->peer_qpn == dqpn)
+			return c->state == URSA_CHAN_READY && c->dpub ? c : NULL;
+	return NULL;
+}
+
+bool ursa_shm_direct_op(struct ursa_qp *qp, const struct ursa_dop *op,
+			uint64_t *orig)
+{
+	struct ursa_chan *c = direct_chan(qp);
+
+	return c && direct_xfer(qp, c, op, orig);
 }
 
 bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		     const struct ursa_req *r, struct ursa_resp *resp)
 {
-	uint32_t dqpn = qp->attr.dest_qp_num & 0xffffff;
+	bool rd = r->opcode == IBV_WR_RDMA_READ;
+	bool at = r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+		  r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+	struct ursa_dop op = {
+		.opcode = r->opcode, .rkey = r->rkey,
+		.remote_addr = r->remote_addr, .len = at ? 8 : r->msg_len,
+		.sg = rd ? r->dst : r->src, .nsg = rd ? r->ndst : r->nsrc,
+		.compare_add = r->compare_add, .swap = r->swap,
+	};
+	struct ursa_chan *c;
 
 	if ((w && (w->inflight || w->xfer_off)) ||
-	    qp->ex.qp_base.qp_type == IBV_QPT_UD)
+	    qp->ex.qp_base.qp_type == IBV_QPT_UD || !(c = direct_chan(qp)))
 		return false;
-	for (struct ursa_chan *c = qp->chans; c; c = c->next) {
-		if (c->peer_qpn != dqpn)
-			continue;
-		if (c->state != URSA_CHAN_READY || !c->dpub)
-			return false;
-		memset(resp, 0, sizeof(*resp));
-		if (!direct_xfer(qp, c, r, resp))
-			return false;
-		resp->ack = URSA_ACK;
-		return true;
-	}
-	return false;
+	memset(resp, 0, sizeof(*resp));
+	if (!direct_xfer(qp, c, &op, &resp->atomic_orig))
+		return false;
+	resp->ack = URSA_ACK;
+	return true;
 }
 
 void ursa_shm_quiesce(struct ursa_ctx *ctx)
@@ -1026,7 +1045,7 @@ void ursa_shm_quiesce(struct ursa_ctx *ctx)
 
 	if (!e)
 		return;
-	pthread_mutex_lock(&ctx->qp_lock);
+	ursa_mutex_lock(&ctx->qp_lock);
 	for (struct ursa_chan *c = e->served; c; c = c->next) {
 		/* seq_cst loads: see direct_xfer. A requester that died with
 		 * its flag up has hung up its socket: skip it (the engine
@@ -1040,7 +1059,7 @@ void ursa_shm_quiesce(struct ursa_ctx *ctx)
 			sched_yield();
 		}
 	}
-	pthread_mutex_unlock(&ctx->qp_lock);
+	ursa_mutex_unlock(&ctx->qp_lock);
 }
 
 /* The answer to our outstanding request, if it is there. Stale answers

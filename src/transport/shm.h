@@ -117,9 +117,23 @@ void ursa_shm_quiesce(struct ursa_ctx *ctx);
 int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		  const struct ursa_req *r, uint64_t now,
 		  struct ursa_resp *resp, uint64_t *until);
-/* The direct path (pub.h), tried before ursa_shm_step for a WQE not yet
- * in flight on a ready channel (w NULL: ursa_req_direct's WR, never
- * queued): true when it is done (resp filled). Reads no clock. */
+/* What the direct path needs of an RDMA WRITE, READ or atomic: less than
+ * an ursa_req, so that ursa_req_direct's WR is described in a few stores. */
+struct ursa_dop {
+	uint32_t opcode;		/* enum ibv_wr_opcode */
+	uint32_t rkey;
+	uint64_t remote_addr;
+	uint64_t len;			/* 8 for an atomic */
+	const struct ursa_sg *sg;	/* WRITE: the source; READ: the sink */
+	uint32_t nsg;
+	uint64_t compare_add, swap;	/* atomics */
+};
+/* The direct path (pub.h) for a WR never queued (ursa_req_direct): true
+ * when it is done, the atomic's original value in *orig. Reads no clock. */
+bool ursa_shm_direct_op(struct ursa_qp *qp, const struct ursa_dop *op,
+			uint64_t *orig);
+/* The same, tried before ursa_shm_step for a WQE not yet in flight on a
+ * ready channel: true when it is done (resp filled). */
 bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		     const struct ursa_req *r, struct ursa_resp *resp);
 /* Whether a WQE waiting in ursa_shm_step has news. */

@@ -5,11 +5,13 @@
 #include "util.h"
 
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static int log_level = -1;
@@ -96,4 +98,25 @@ uint64_t ursa_rand64(void)
 	rand_s[3] = rotl(rand_s[3], 45);
 	pthread_mutex_unlock(&rand_lock);
 	return r;
+}
+
+void ursa_mutex_wait(ursa_mutex *m)
+{
+	/* A holder usually lets go within a pass: spin a little first. */
+	for (int i = 0; i < 100; i++) {
+		ursa_cpu_relax();
+		if (atomic_load_explicit(&m->v, memory_order_relaxed) == 0 &&
+		    ursa_mutex_trylock(m))
+			return;
+	}
+	/* Mark it contended (2) and sleep while it stays held; whoever
+	 * takes it from here holds it as contended, so its unlock wakes
+	 * the next sleeper. Acquire, as trylock's. */
+	while (atomic_exchange_explicit(&m->v, 2, memory_order_acquire) != 0)
+		syscall(SYS_futex, &m->v, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
+}
+
+void ursa_mutex_wake(ursa_mutex *m)
+{
+	syscall(SYS_futex, &m->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }

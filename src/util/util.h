@@ -10,6 +10,7 @@
 #ifndef URSA_UTIL_H
 #define URSA_UTIL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -102,6 +103,44 @@ static inline void ursa_cpu_relax(void)
 #else
 	__asm__ __volatile__("" ::: "memory");
 #endif
+}
+
+/*
+ * The mutex behind ctx->qp_lock, which every same-host post takes: taking
+ * it is one compare-and-swap and releasing it one exchange, both inline (a
+ * pthread mutex adds two calls and some forty instructions to
+ * ibv_post_send's path). The three states of the classic futex mutex: 0
+ * free, 1 held, 2 held and a thread may sleep on it. Not recursive, one
+ * process.
+ */
+typedef struct {
+	atomic_int v;
+} ursa_mutex;
+
+void ursa_mutex_wait(ursa_mutex *m);	/* lock's slow path (util.c) */
+void ursa_mutex_wake(ursa_mutex *m);	/* wake one sleeper */
+
+/* true when taken. Acquire: what the holder before us did is visible. */
+static inline bool ursa_mutex_trylock(ursa_mutex *m)
+{
+	int free_ = 0;
+
+	return atomic_compare_exchange_strong_explicit(&m->v, &free_, 1,
+						       memory_order_acquire,
+						       memory_order_relaxed);
+}
+
+static inline void ursa_mutex_lock(ursa_mutex *m)
+{
+	if (!ursa_mutex_trylock(m))
+		ursa_mutex_wait(m);
+}
+
+/* Release: our writes under the lock before the next holder's reads. */
+static inline void ursa_mutex_unlock(ursa_mutex *m)
+{
+	if (atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2)
+		ursa_mutex_wake(m);
 }
 
 /* Random numbers for keys and QPNs: a xoshiro256** stream seeded from

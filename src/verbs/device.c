@@ -105,11 +105,11 @@ static void acks_at_exit(void)
 	if (pthread_mutex_trylock(&dev->ctx_lock))
 		return;
 	for (struct ursa_ctx *c = dev->ctxs; c; c = c->next_ctx) {
-		if (pthread_mutex_trylock(&c->qp_lock))
+		if (!ursa_mutex_trylock(&c->qp_lock))
 			continue;
 		for (struct ursa_qp *qp = c->qps; qp; qp = qp->next)
 			ursa_udp_ack_exit(qp);
-		pthread_mutex_unlock(&c->qp_lock);
+		ursa_mutex_unlock(&c->qp_lock);
 	}
 	pthread_mutex_unlock(&dev->ctx_lock);
 }
@@ -136,7 +136,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	if (!ctx)
 		return ret_null(-ENOMEM);
 	ctx->dev = dev;
-	pthread_mutex_init(&ctx->qp_lock, NULL);
+	atomic_init(&ctx->qp_lock.v, 0);
 	ret = ursa_evq_init(&ctx->async, false);
 	if (ret) {
 		free(ctx);
@@ -199,7 +199,6 @@ EXPORT int ibv_close_device(struct ibv_context *c)
 	ursa_evq_fini(&ctx->async, free);
 	if (c->cmd_fd >= 0)
 		close(c->cmd_fd);
-	pthread_mutex_destroy(&ctx->qp_lock);
 	free(ctx);
 	return 0;
 }

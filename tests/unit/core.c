@@ -5,6 +5,7 @@
  * requesters.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -191,6 +192,18 @@ static int test_pin_limit_and_failure(void)
 static int probe_all_huge(uintptr_t va) { (void)va; return 1; }
 static int probe_unknown(uintptr_t va) { (void)va; return -1; }
 
+/* The entries cover [start, end) without a gap: the post path's local
+ * check (core.h) relies on it instead of walking the table. */
+static bool mtt_covers(const struct ursa_mtt *m, uintptr_t start, uintptr_t end)
+{
+	if (!m->n || m->e[0].va > start)
+		return false;
+	for (uint32_t i = 0; i + 1 < m->n; i++)
+		if (m->e[i + 1].va != m->e[i].va + (1ul << m->e[i].shift))
+			return false;
+	return m->e[m->n - 1].va + (1ul << m->e[m->n - 1].shift) >= end;
+}
+
 static int test_mtt_page_sizes(void)
 {
 	struct ursa_mtt m;
@@ -204,6 +217,7 @@ static int test_mtt_page_sizes(void)
 	EXPECT_EQ(m.huge, 0);
 	EXPECT_EQ(ursa_mtt_lookup(&m, small.start + 5 * 4096 + 7), 5);
 	EXPECT_EQ(ursa_mtt_lookup(&m, small.end), -1);
+	EXPECT_TRUE(mtt_covers(&m, small.start, small.end));
 	ursa_mtt_free(&m);
 
 	/* THP: 4 aligned 2 MiB blocks give 4 entries instead of 2048. */
@@ -221,7 +235,21 @@ static int test_mtt_page_sizes(void)
 	EXPECT_EQ(ursa_mtt_build(&m, thp.start, thp.end, &thp, 1, probe_unknown), 0);
 	EXPECT_EQ(m.n, 4 * 512);
 	EXPECT_EQ(m.huge, 0);
+	EXPECT_TRUE(mtt_covers(&m, thp.start, thp.end));
 	ursa_mtt_free(&m);
+	/* Two mappings, 4 KiB pages then huge ones: still no gap. */
+	{
+		struct ursa_vma two[2] = {
+			{ 4 * M2 - 16 * 4096, 4 * M2, 12, 0 },
+			{ 4 * M2, 8 * M2, 12, 4 * M2 },
+		};
+
+		EXPECT_EQ(ursa_mtt_build(&m, two[0].start, two[1].end, two, 2,
+					 probe_all_huge), 0);
+		EXPECT_EQ(m.n, 16 + 4);
+		EXPECT_TRUE(mtt_covers(&m, two[0].start, two[1].end));
+		ursa_mtt_free(&m);
+	}
 
 	/* hugetlbfs: a range starting mid-page still gets whole entries. */
 	EXPECT_EQ(ursa_mtt_build(&m, hugetlb.start + 4096, hugetlb.start + 3 * M2,
@@ -229,6 +257,7 @@ static int test_mtt_page_sizes(void)
 	EXPECT_EQ(m.n, 3);
 	EXPECT_EQ(m.e[0].va, hugetlb.start);
 	EXPECT_EQ(m.e[0].shift, 21);
+	EXPECT_TRUE(mtt_covers(&m, hugetlb.start + 4096, hugetlb.start + 3 * M2));
 	ursa_mtt_free(&m);
 	return TEST_RESULT();
 }
@@ -549,6 +578,53 @@ static int test_pub_map_refuses(void)
 	return TEST_RESULT();
 }
 
+/* ursa_mutex (ctx->qp_lock): threads that all add under it end with the
+ * exact sum, and some of them had to sleep in the futex (the counter of
+ * sleepers' wakes is not visible, so the test makes the holder slow: a
+ * sleep inside the lock forces the others past their spin). */
+struct mutex_arg {
+	ursa_mutex *m;
+	uint64_t *sum;
+	int n;
+};
+
+static void *mutex_adder(void *p)
+{
+	struct mutex_arg *a = p;
+
+	for (int i = 0; i < a->n; i++) {
+		ursa_mutex_lock(a->m);
+		/* a plain read-modify-write: only the lock makes it exact */
+		*(volatile uint64_t *)a->sum = *(volatile uint64_t *)a->sum + 1;
+		if (!(i % 5000))
+			usleep(200);
+		ursa_mutex_unlock(a->m);
+	}
+	return NULL;
+}
+
+static int test_mutex(void)
+{
+	ursa_mutex m;
+	uint64_t sum = 0;
+	pthread_t t[4];
+	struct mutex_arg a = { &m, &sum, 100000 };
+
+	atomic_init(&m.v, 0);
+	EXPECT_TRUE(ursa_mutex_trylock(&m));
+	EXPECT_TRUE(!ursa_mutex_trylock(&m));	/* held: refused */
+	ursa_mutex_unlock(&m);
+	EXPECT_TRUE(ursa_mutex_trylock(&m));
+	ursa_mutex_unlock(&m);
+	for (int i = 0; i < 4; i++)
+		REQUIRE(pthread_create(&t[i], NULL, mutex_adder, &a) == 0);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	EXPECT_EQ(sum, 4 * 100000);
+	EXPECT_EQ(atomic_load(&m.v), 0);	/* free, no sleeper marked */
+	return TEST_RESULT();
+}
+
 static const struct test tests[] = {
 	TEST_ENTRY(keys_unique_random, "keys are unique and not sequential"),
 	TEST_ENTRY(keys_revoked_and_quarantined, "freed keys fail and stay unused"),
@@ -560,6 +636,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(mtt_self_real_memory, "translation table of real memory"),
 	TEST_ENTRY(qp_state_table, "IBTA modify-QP table"),
 	TEST_ENTRY(ring_wraparound, "ring indices wrap and stay bounded"),
+	TEST_ENTRY(mutex, "the QP lock: exact under four threads, trylock refuses a held lock"),
 	TEST_ENTRY(pub_table, "published rkeys and QP words, as a requester reads them"),
 	TEST_ENTRY(pub_map_refuses, "a short, unsealed or foreign table is refused"),
 };
