@@ -574,16 +574,16 @@ static int fill_wqe(struct ursa_qp *qp, struct ibv_send_wr *wr,
 	return ursa_wqe_check(qp, w);
 }
 
-int ursa_post_send(struct ursa_qp *qp, struct ibv_send_wr *wr,
-		   struct ibv_send_wr **bad)
+/* The ring: every WR the shortcut did not take. (Out of line: the
+ * shortcut's caller then saves no registers for it.) */
+static __attribute__((noinline)) int
+post_send_ring(struct ursa_qp *qp, struct ibv_send_wr *wr,
+	       struct ibv_send_wr **bad)
 {
 	bool list = wr && wr->next;
 	uint32_t n = 0;
 	int ret = 0;
 
-	/* One WR: the shortcut needs no sq_lock (ursa_req_direct) */
-	if (wr && !list && ursa_req_direct(qp, wr))
-		return 0;
 	pthread_mutex_lock(&qp->sq_lock);
 	if (!can_post_send(qp_state(qp))) {
 		ret = -EINVAL;
@@ -609,6 +609,15 @@ int ursa_post_send(struct ursa_qp *qp, struct ibv_send_wr *wr,
 out:
 	pthread_mutex_unlock(&qp->sq_lock);
 	return ret;
+}
+
+int ursa_post_send(struct ursa_qp *qp, struct ibv_send_wr *wr,
+		   struct ibv_send_wr **bad)
+{
+	/* One WR: the shortcut needs no sq_lock (ursa_req_direct) */
+	if (wr && !wr->next && ursa_req_direct(qp, wr))
+		return 0;
+	return post_send_ring(qp, wr, bad);
 }
 
 static int post_rq(struct ursa_rq *rq, uint32_t max_sge,
