@@ -1029,7 +1029,9 @@ bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	};
 	struct ursa_chan *c;
 
-	if ((w && (w->inflight || w->xfer_off)) ||
+	/* (a SEND or a WRITE with immediate needs the target's receive) */
+	if ((!rd && !at && r->opcode != IBV_WR_RDMA_WRITE) ||
+	    (w && (w->inflight || w->xfer_off)) ||
 	    qp->ex.qp_base.qp_type == IBV_QPT_UD || !(c = direct_chan(qp)))
 		return false;
 	memset(resp, 0, sizeof(*resp));
