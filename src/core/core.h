@@ -259,6 +259,14 @@ struct ursa_qp {
 	 * ctx->qp_lock; deregistration and rereg clear them
 	 * (ursa_qp_lcache_drop) before the MR changes. */
 	struct ursa_mr *lcache, *rcache;
+	/* Where the direct path last placed data (transport/shm.c): an
+	 * rkey and the distance from its remote addresses to our mapping
+	 * of them. ursa_req_direct reads them before any check, to ask for
+	 * the target's cache line while the checks run; only a prefetch
+	 * uses them, never a load or a store, so a stale or torn pair costs
+	 * a wasted prefetch and nothing else. */
+	atomic_uint dhint_rkey;
+	atomic_uintptr_t dhint_delta;
 
 	pthread_mutex_t state_lock; /* modify_qp and engine state changes */
 	atomic_int state;	   /* enum ibv_qp_state */

@@ -673,6 +673,23 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 	uint64_t len = 0, orig;
 	bool ok = false;
 
+	/* The target's line, asked for now, arrives while the checks below
+	 * run instead of after them: about the time of one cache-line
+	 * transfer off each same-host WRITE (docs/performance.md). (rkey
+	 * and remote_addr: read from the union before the opcode is
+	 * checked; a wrong guess is a wasted prefetch.) */
+	if (wr->wr.rdma.rkey == atomic_load_explicit(&qp->dhint_rkey,
+						     memory_order_relaxed) ||
+	    (at && wr->wr.atomic.rkey == atomic_load_explicit(&qp->dhint_rkey,
+							memory_order_relaxed))) {
+		const void *t = (const void *)(uintptr_t)(wr->wr.rdma.remote_addr +
+			atomic_load_explicit(&qp->dhint_delta, memory_order_relaxed));
+
+		if (rd)
+			__builtin_prefetch(t, 0, 3);
+		else
+			ursa_prefetch_write(t);
+	}
 	if (qp->ex_api || !qp->chans || wr->num_sge < 0 ||
 	    (uint32_t)wr->num_sge > qp->cap.max_send_sge)
 		return false;

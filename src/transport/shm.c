@@ -968,6 +968,12 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 	if (base) {
 		map_xfer(r, base + (ta - e->map_start), len, orig);
 		n = (ssize_t)len;
+		/* (the hint for the next post's prefetch: core.h) */
+		atomic_store_explicit(&qp->dhint_delta, (uintptr_t)base -
+				      e->map_start + e->addr - e->iova,
+				      memory_order_relaxed);
+		atomic_store_explicit(&qp->dhint_rkey, r->rkey,
+				      memory_order_relaxed);
 	} else if (!at && c->dcma) {
 		n = cma_xfer(c, r, ta, len);
 		if (n < 0 && (errno == EPERM || errno == ENOSYS || errno == EACCES)) {

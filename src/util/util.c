@@ -5,6 +5,9 @@
 #include "util.h"
 
 #include <errno.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -119,4 +122,16 @@ void ursa_mutex_wait(ursa_mutex *m)
 void ursa_mutex_wake(ursa_mutex *m)
 {
 	syscall(SYS_futex, &m->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+bool ursa_have_prefetchw;
+
+__attribute__((constructor)) static void prefetchw_probe(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	unsigned int a, b, c, d;
+
+	if (__get_cpuid(0x80000001, &a, &b, &c, &d))
+		ursa_have_prefetchw = c & (1u << 8);
+#endif
 }

@@ -105,6 +105,23 @@ static inline void ursa_cpu_relax(void)
 #endif
 }
 
+/* Ask for the cache line at p in the state to be written (exclusive), so
+ * that a store to it a little later needs no further trip. A hint: it
+ * never faults, whatever p is. (x86's PREFETCHW, where the CPU has it:
+ * cpuid 0x80000001 ECX bit 8; else a prefetch for reading.) */
+extern bool ursa_have_prefetchw;
+
+static inline void ursa_prefetch_write(const void *p)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	if (ursa_have_prefetchw) {
+		__asm__ __volatile__("prefetchw %0" : : "m"(*(const char *)p));
+		return;
+	}
+#endif
+	__builtin_prefetch(p, 1, 3);
+}
+
 /*
  * The mutex behind ctx->qp_lock, which every same-host post takes: taking
  * it is one compare-and-swap and releasing it one exchange, both inline (a

@@ -1083,6 +1083,31 @@ static int test_target_checks(void)
 	cmd(sock, CMD_QUIT, 0, 0, 0);
 	EXPECT_EQ(reap(pid), 0);
 	end_close(&me);
+	/* Wild addresses with the rkey the last direct WRITE used: the post
+	 * asks for the line at (address + that WRITE's distance) before its
+	 * checks (req.c), a hint that must never fault; the checks refuse. */
+	for (int i = 0; i < 3; i++) {
+		static const uint64_t wild[3] = { 0, 0xfffffffffffff000ull,
+						  0x0000800000000000ull };
+		struct ursa_qp_stats st;
+
+		REQUIRE(end_open(&me, IBV_QPT_RC, 1 << 20, false) == 0);
+		pid = start_target(&ta, &me, &sock, &peer);
+		REQUIRE(pid > 0);
+		cmd(sock, CMD_FILL, 0, 1 << 20, 'T');
+		before = cmd(sock, CMD_SUM, 0, 1 << 20, 0);
+		memset(me.buf, 'T', 8);
+		EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 8, peer.addr + 64,
+				 peer.rkey, IBV_WC_SUCCESS), 0);
+		REQUIRE(ursa_qp_stats(me.qp, &st) == 0);
+		EXPECT_EQ(st.map_bytes, 8);	/* it went the mapped way */
+		EXPECT_EQ(one_op(&me, IBV_WR_RDMA_WRITE, 0, 8, wild[i],
+				 peer.rkey, IBV_WC_REM_ACCESS_ERR), 0);
+		EXPECT_EQ(cmd(sock, CMD_SUM, 0, 1 << 20, 0), before);
+		cmd(sock, CMD_QUIT, 0, 0, 0);
+		EXPECT_EQ(reap(pid), 0);
+		end_close(&me);
+	}
 	return TEST_RESULT();
 }
 
