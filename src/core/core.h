@@ -291,6 +291,10 @@ struct ursa_qp {
 	void *listen_watch;
 	struct ursa_chan *chans;   /* channels this QP sends on */
 	struct ursa_uqp *udp;	   /* RoCEv2 state (transport/udp.c) */
+	/* Set, never cleared, the first time RoCEv2 holds an ACK or a
+	 * request back for this QP (udp.c): until then a pass need not
+	 * call ursa_udp_acks for it (a same-host QP never does). */
+	atomic_bool udp_held;
 	uint32_t pub_slot;	   /* 1 + QP word in the published table */
 	void *pub_mem;
 

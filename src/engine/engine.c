@@ -100,7 +100,7 @@ static int pass(struct ursa_ctx *ctx, uint64_t *now, uint64_t *deadline,
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next) {
 		if (ursa_ring_ready(&qp->sq))
 			work += ursa_req_process_lazy(qp, now, deadline);
-		if (qp->udp)
+		if (atomic_load_explicit(&qp->udp_held, memory_order_relaxed))
 			work += ursa_udp_acks(qp, now, deadline, engine);
 	}
 	ursa_pass_ctx = NULL;
