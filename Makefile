@@ -87,7 +87,7 @@ $(BUILD)/tests/fuzz_pkt: tests/fuzz/fuzz_pkt.c src/proto/roce.c src/proto/roce.h
 	$(CC) $(APP_CFLAGS) tests/fuzz/fuzz_pkt.c src/proto/roce.c -o $@ $(LDFLAGS)
 
 # The responder target links the library's objects directly.
-$(BUILD)/tests/fuzz_resp: tests/fuzz/fuzz_resp.c $(LIB_OBJ)
+$(BUILD)/tests/fuzz_resp: tests/fuzz/fuzz_resp.c $(LIB_OBJ) $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) tests/fuzz/fuzz_resp.c $(LIB_OBJ) -o $@ $(LDFLAGS)
 
@@ -112,7 +112,8 @@ $(BUILD)/tests/xfer: tests/hosts/xfer.c $(LIB) $(BUILD)/lib/libibverbs.so
 UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c src/core/vma.c src/proto/roce.c \
 	src/core/pub.c \
 	src/core/qpstate.c src/util/util.c apps/kv/kv_table.c apps/kv/kv_common.c
-$(BUILD)/tests/unit_%: tests/unit/%.c $(HARNESS) tests/harness.h $(UNIT_DEPS)
+$(BUILD)/tests/unit_%: tests/unit/%.c $(HARNESS) tests/harness.h $(UNIT_DEPS) \
+		$(wildcard src/*/*.h) $(wildcard apps/kv/*.h) include/ursa/ursa.h
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< $(HARNESS) $(UNIT_DEPS) -o $@ $(LDFLAGS)
 
