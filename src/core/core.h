@@ -259,6 +259,14 @@ struct ursa_qp {
 	 * ctx->qp_lock; deregistration and rereg clear them
 	 * (ursa_qp_lcache_drop) before the MR changes. */
 	struct ursa_mr *lcache, *rcache;
+	/* The requester's peer found in another process of this host, and
+	 * the registry's generation then (transport/loop.c
+	 * ursa_loop_route): under ctx->qp_lock. gen 0: none. */
+	struct ursa_route_cache {
+		unsigned int gen;
+		uint32_t qpn;
+		union ibv_gid dgid;
+	} route;
 	/* Where the direct path last placed data (transport/shm.c): an
 	 * rkey and the distance from its remote addresses to our mapping
 	 * of them. ursa_req_direct reads them before any check, to ask for

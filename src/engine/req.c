@@ -398,6 +398,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	const struct ibv_ah_attr *av = ud ? &w->av : &qp->attr.ah_attr;
 	struct ursa_req r = { 0 };
 	struct ursa_resp resp;
+	enum ursa_route route;
 	struct ursa_qp *t;
 	uint32_t nsg = 0;
 	uint64_t len = wqe_len(w);
@@ -461,15 +462,15 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		r.qkey = (w->remote_qkey & 0x80000000u) ? qp->attr.qkey :
 							   w->remote_qkey;
 	}
-	t = ursa_loop_get(&av->grh.dgid,
-			  ud ? w->remote_qpn : qp->attr.dest_qp_num);
-	if (t) {
+	route = ursa_loop_route(qp, &av->grh.dgid,
+				ud ? w->remote_qpn : qp->attr.dest_qp_num, !ud, &t);
+	if (route == URSA_ROUTE_LOOP) {
 		/* Same process: the responder runs right here. */
 		ursa_resp_execute(t, &r, &resp, NULL);
 		ursa_loop_put(t);
 		if (resp.ack == URSA_ACK && !at)
 			atomic_fetch_add(&qp->cnt.loop_bytes, len);
-	} else if (ursa_gid_is_local(&av->grh.dgid)) {
+	} else if (route == URSA_ROUTE_SHM) {
 		/* Another process on this host. */
 		uint64_t until = UINT64_MAX;
 

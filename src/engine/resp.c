@@ -103,9 +103,16 @@ static bool take_recv(struct ursa_qp *tqp, struct ursa_recv_wqe *out)
 {
 	struct ursa_rq *rq = tqp->srq ? &tqp->srq->rq : &tqp->rq;
 
+	const struct ursa_recv_wqe *w;
+
 	if (!ursa_ring_ready(&rq->ring))
 		return false;
-	*out = *(struct ursa_recv_wqe *)ursa_ring_peek(&rq->ring);
+	/* The WQE's own SGEs, not all URSA_MAX_SGE of the slot (a copy of
+	 * 528 bytes for every receive). (num_sge was checked at post.) */
+	w = ursa_ring_peek(&rq->ring);
+	out->wr_id = w->wr_id;
+	out->num_sge = MIN(w->num_sge, (uint32_t)URSA_MAX_SGE);
+	memcpy(out->sge, w->sge, out->num_sge * sizeof(out->sge[0]));
 	ursa_ring_consume(&rq->ring, 1);
 	if (tqp->srq && tqp->srq->limit &&
 	    ursa_ring_ready(&rq->ring) < tqp->srq->limit) {
@@ -215,7 +222,8 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		}
 		pthread_mutex_unlock(lk);
 		st->nsg = 0;
-		for (uint32_t i = 0; i < URSA_MAX_SGE; i++)
+		/* (put_refs reads the WQE's num_sge entries, no more) */
+		for (uint32_t i = 0; i < st->w.num_sge; i++)
 			st->refs[i].k = NULL;
 		room = write_imm ? 0 : map_recv(tqp, &st->w, st->sg, st->refs,
 						&st->nsg, last);

@@ -30,6 +30,9 @@ struct bucket_ent {
 
 static pthread_rwlock_t tab_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct bucket_ent *buckets[NBUCKETS];
+/* Moves at every QP added here (under tab_lock): a peer found elsewhere
+ * stays elsewhere until it does (ursa_loop_route). */
+static atomic_uint tab_gen = 1;
 
 static struct bucket_ent **bucket(uint32_t qpn)
 {
@@ -72,6 +75,7 @@ int ursa_loop_add(struct ursa_qp *qp)
 	e->qp = qp;
 	e->next = *bucket(qp->ex.qp_base.qp_num);
 	*bucket(qp->ex.qp_base.qp_num) = e;
+	atomic_fetch_add_explicit(&tab_gen, 1, memory_order_relaxed);
 	pthread_rwlock_unlock(&tab_lock);
 	return 0;
 }
@@ -117,6 +121,37 @@ struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn)
 		atomic_fetch_add_explicit(&qp->refs, 1, memory_order_relaxed);
 	pthread_rwlock_unlock(&tab_lock);
 	return qp;
+}
+
+enum ursa_route ursa_loop_route(struct ursa_qp *qp, const union ibv_gid *dgid,
+			       uint32_t qpn, bool cache, struct ursa_qp **t)
+{
+	unsigned int g = atomic_load_explicit(&tab_gen, memory_order_relaxed);
+	struct ursa_route_cache *rc = &qp->route;
+
+	*t = NULL;
+	qpn &= 0xffffff;
+	/* (a generation read before a concurrent add may miss a QP created
+	 * at the same time as this request: either order is one the
+	 * application could have seen) */
+	if (cache && rc->gen == g && rc->qpn == qpn &&
+	    !memcmp(rc->dgid.raw, dgid->raw, 16))
+		return URSA_ROUTE_SHM;
+	if (!ursa_gid_is_local(dgid))
+		return URSA_ROUTE_UDP;
+	pthread_rwlock_rdlock(&tab_lock);
+	*t = find_locked(qpn);
+	if (*t)
+		atomic_fetch_add_explicit(&(*t)->refs, 1, memory_order_relaxed);
+	pthread_rwlock_unlock(&tab_lock);
+	if (*t)
+		return URSA_ROUTE_LOOP;
+	if (cache) {
+		rc->gen = g;
+		rc->qpn = qpn;
+		rc->dgid = *dgid;
+	}
+	return URSA_ROUTE_SHM;
 }
 
 /*
