@@ -676,13 +676,13 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 
 	/* The target's line, asked for now, arrives while the checks below
 	 * run instead of after them: about the time of one cache-line
-	 * transfer off each same-host WRITE (docs/performance.md). (rkey
-	 * and remote_addr: read from the union before the opcode is
-	 * checked; a wrong guess is a wasted prefetch.) */
-	if (wr->wr.rdma.rkey == atomic_load_explicit(&qp->dhint_rkey,
-						     memory_order_relaxed) ||
-	    (at && wr->wr.atomic.rkey == atomic_load_explicit(&qp->dhint_rkey,
-							memory_order_relaxed))) {
+	 * transfer off each same-host WRITE (docs/performance.md). (Before
+	 * the WR is checked: a wrong guess is a wasted prefetch. The union
+	 * is read only for the opcodes that fill it.) */
+	if ((rd || at || wr->opcode == IBV_WR_RDMA_WRITE) &&
+	    (at ? wr->wr.atomic.rkey : wr->wr.rdma.rkey) ==
+	    atomic_load_explicit(&qp->dhint_rkey, memory_order_relaxed)) {
+		/* (remote_addr: the first field of both union members) */
 		const void *t = (const void *)(uintptr_t)(wr->wr.rdma.remote_addr +
 			atomic_load_explicit(&qp->dhint_delta, memory_order_relaxed));
 
