@@ -102,7 +102,6 @@ static void recv_complete(struct ursa_qp *tqp, struct ursa_cq *cq,
 static bool take_recv(struct ursa_qp *tqp, struct ursa_recv_wqe *out)
 {
 	struct ursa_rq *rq = tqp->srq ? &tqp->srq->rq : &tqp->rq;
-
 	const struct ursa_recv_wqe *w;
 
 	if (!ursa_ring_ready(&rq->ring))

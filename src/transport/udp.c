@@ -1556,7 +1556,7 @@ static void ack_later(struct ursa_qp *qp, struct ursa_uqp *u,
 	u->ack_peer = *peer;
 	u->ack_me = *me;
 	__atomic_store_n(&u->ack_owed, true, __ATOMIC_RELAXED);
-	atomic_store_explicit(&u->qp->udp_held, true, memory_order_relaxed);
+	atomic_store_explicit(&qp->udp_held, true, memory_order_relaxed);
 	if (!u->ack_now)
 		atomic_fetch_add(&ursa_udp_cnt.acks_held, 1);
 }
@@ -2711,7 +2711,7 @@ static bool hold_request(struct ursa_qp *qp, struct ursa_uqp *u,
 	u->stash_me = *me;
 	u->stash_peer = *peer;
 	__atomic_store_n(&u->stash_len, len, __ATOMIC_RELAXED);
-	atomic_store_explicit(&u->qp->udp_held, true, memory_order_relaxed);
+	atomic_store_explicit(&qp->udp_held, true, memory_order_relaxed);
 	atomic_fetch_add(&ursa_udp_cnt.reqs_held, 1);
 	return true;
 }
