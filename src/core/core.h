@@ -275,6 +275,10 @@ struct ursa_qp {
 	 * a wasted prefetch and nothing else. */
 	atomic_uint dhint_rkey;
 	atomic_uintptr_t dhint_delta;
+	/* The same idea for SENDs through the slots (transport/shm.c): the
+	 * next request slot of the QP's last channel, prefetched when a WR
+	 * enters the ring (core/qp.c). Only ever prefetched. */
+	_Atomic(void *) shm_hint;
 
 	pthread_mutex_t state_lock; /* modify_qp and engine state changes */
 	atomic_int state;	   /* enum ibv_qp_state */

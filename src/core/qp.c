@@ -584,6 +584,7 @@ post_send_ring(struct ursa_qp *qp, struct ibv_send_wr *wr,
 	uint32_t n = 0;
 	int ret = 0;
 
+	ursa_shm_prefetch_next(qp);
 	pthread_mutex_lock(&qp->sq_lock);
 	if (!can_post_send(qp_state(qp))) {
 		ret = -EINVAL;

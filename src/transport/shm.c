@@ -704,6 +704,22 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 	/* Release: the slot is complete before the responder sees it. */
 	atomic_store_explicit(&m->req_tail, tail + 1, memory_order_release);
 	ring_peer(c);
+	atomic_store_explicit(&qp->shm_hint, &m->req[(tail + 1) % URSA_SHM_SLOTS],
+			      memory_order_relaxed);
+}
+
+void ursa_shm_prefetch_next(struct ursa_qp *qp)
+{
+	const uint8_t *q = atomic_load_explicit(&qp->shm_hint,
+						memory_order_relaxed);
+
+	if (!q)
+		return;
+	/* the header's lines and the first of the inline data: what a
+	 * small SEND writes */
+	for (size_t o = 0; o < offsetof(struct ursa_wreq, sg); o += 64)
+		ursa_prefetch_write(q + o);
+	ursa_prefetch_write(q + offsetof(struct ursa_wreq, data));
 }
 
 /*
@@ -1406,6 +1422,10 @@ static void serve_one(struct ursa_chan *c, const struct ursa_wreq *q)
 	size_t olen = offsetof(struct ursa_wresp, data);
 	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
 
+	/* The slot our answer goes to, asked for while we execute (the
+	 * requester reads it only after resp_tail moves). A hint. */
+	ursa_prefetch_write(&c->mem->resp[atomic_load_explicit(&c->mem->resp_tail,
+			memory_order_relaxed) % URSA_SHM_SLOTS]);
 	if (q->seq == c->seq - 1 && out->seq == q->seq) {
 		/* A retransmission of what we already executed: answer it
 		 * again, do not execute it again (IBTA 9.7.5.1.3). */

@@ -136,6 +136,10 @@ bool ursa_shm_direct_op(struct ursa_qp *qp, const struct ursa_dop *op,
  * ready channel: true when it is done (resp filled). */
 bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		     const struct ursa_req *r, struct ursa_resp *resp);
+/* Ask for the lines of the request slot the QP's next SEND through the
+ * slots will fill (qp->shm_hint): their transfer then overlaps building
+ * the request. A hint: nothing is read or written there. */
+void ursa_shm_prefetch_next(struct ursa_qp *qp);
 /* Whether a WQE waiting in ursa_shm_step has news. */
 bool ursa_shm_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
 
