@@ -1566,6 +1566,42 @@ static int test_peer_death(void)
 	return TEST_RESULT();
 }
 
+/* The next SEND's slot is prefetched from a hint that the last SEND left
+ * (shm.c). After the peer dies and the QP is reset and connected to
+ * another process, that hint names the old channel's memory, which the
+ * engine unmaps: the next post must still work (a prefetch never faults;
+ * a build that loads from the hint instead dies here). */
+static int test_stale_send_hint(void)
+{
+	struct target_arg ta = { IBV_QPT_RC, 1 << 20, 0 };
+	struct ibv_qp_attr reset = { .qp_state = IBV_QPS_RESET };
+	struct end a;
+	struct xinfo pa, pb;
+	int sa, sb;
+	pid_t victim, other;
+
+	REQUIRE(end_open(&a, IBV_QPT_RC, 1 << 20, false) == 0);
+	victim = start_target(&ta, &a, &sa, &pa);
+	REQUIRE(victim > 0);
+	EXPECT_EQ(cmd(sa, CMD_RECV, 0, 64, 0), 0);
+	EXPECT_EQ(one_op(&a, IBV_WR_SEND, 0, 8, 0, 0, IBV_WC_SUCCESS), 0);
+	kill(victim, SIGKILL);
+	EXPECT_EQ(reap(victim), 128 + SIGKILL);
+	close(sa);
+	REQUIRE(ibv_modify_qp(a.qp, &reset, IBV_QP_STATE) == 0);
+	usleep(200000);	/* the engine reaps the closed channel */
+	other = start_target(&ta, &a, &sb, &pb);
+	REQUIRE(other > 0);
+	for (int i = 0; i < 3; i++) {
+		EXPECT_EQ(cmd(sb, CMD_RECV, 0, 64, 0), 0);
+		EXPECT_EQ(one_op(&a, IBV_WR_SEND, 0, 8, 0, 0, IBV_WC_SUCCESS), 0);
+	}
+	cmd(sb, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(other), 0);
+	end_close(&a);
+	return TEST_RESULT();
+}
+
 static int test_ud_uc_across_processes(void)
 {
 	struct target_arg ta = { IBV_QPT_UD, 1 << 20, 0 };
@@ -1761,6 +1797,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(channel_wakeup_across_processes, "ibv_get_cq_event wakes for SEND and WRITE_IMM"),
 	TEST_ENTRY(skipped_doorbell_bounded, "a SEND right after the target stops polling: its event comes"),
 	TEST_ENTRY(peer_death, "SIGKILLed peer: RETRY_EXC_ERR, others unaffected"),
+	TEST_ENTRY(stale_send_hint, "a SEND after the peer died and the QP was reconnected (stale prefetch hint)"),
 	TEST_ENTRY(ud_uc_across_processes, "UD and UC between processes"),
 	TEST_ENTRY(qpn_unique_across_processes, "QPNs unique on the host"),
 	TEST_ENTRY(atomics_mapped_and_engine, "atomics in a mapped MR and through the target's engine, one counter"),
