@@ -109,18 +109,22 @@ bool ursa_gid_is_local(const union ibv_gid *g)
 	return false;
 }
 
-struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn)
+/* This process's QP qpn, with a reference, or NULL. */
+static struct ursa_qp *get_ref(uint32_t qpn)
 {
 	struct ursa_qp *qp;
 
-	if (!ursa_gid_is_local(dgid))
-		return NULL;
 	pthread_rwlock_rdlock(&tab_lock);
 	qp = find_locked(qpn & 0xffffff);
 	if (qp)
 		atomic_fetch_add_explicit(&qp->refs, 1, memory_order_relaxed);
 	pthread_rwlock_unlock(&tab_lock);
 	return qp;
+}
+
+struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn)
+{
+	return ursa_gid_is_local(dgid) ? get_ref(qpn) : NULL;
 }
 
 enum ursa_route ursa_loop_route(struct ursa_qp *qp, const union ibv_gid *dgid,
@@ -139,12 +143,7 @@ enum ursa_route ursa_loop_route(struct ursa_qp *qp, const union ibv_gid *dgid,
 		return URSA_ROUTE_SHM;
 	if (!ursa_gid_is_local(dgid))
 		return URSA_ROUTE_UDP;
-	pthread_rwlock_rdlock(&tab_lock);
-	*t = find_locked(qpn);
-	if (*t)
-		atomic_fetch_add_explicit(&(*t)->refs, 1, memory_order_relaxed);
-	pthread_rwlock_unlock(&tab_lock);
-	if (*t)
+	if ((*t = get_ref(qpn)))
 		return URSA_ROUTE_LOOP;
 	if (cache) {
 		rc->gen = g;
