@@ -50,12 +50,17 @@
  * not queue for the lock: every wait would cost the application a futex
  * wake on its critical path, and the engine's pass would take the packets
  * the application is about to read. It takes the lock only if it is free,
- * and otherwise looks again after APP_POLL_NS. */
+ * and otherwise looks again after APP_POLL_NS. An application's pass in
+ * progress counts too: one that sends a RoCEv2 window lasts longer than
+ * APP_POLL_NS (each sendmmsg carries its packets through the whole veth
+ * path), and a 1 MiB WRITE stream had the engine queue for the lock, and
+ * the application wake it, 2000 times a second. */
 #define APP_POLL_NS 50000ull
 
 static bool lock_unless_app(struct ursa_engine *e, uint64_t now)
 {
-	if (now - atomic_load_explicit(&e->app_pass_ns, memory_order_relaxed) <
+	if (atomic_load_explicit(&e->app_in_pass, memory_order_relaxed) ||
+	    now - atomic_load_explicit(&e->app_pass_ns, memory_order_relaxed) <
 	    APP_POLL_NS)
 		return ursa_mutex_trylock(&e->ctx->qp_lock);
 	ursa_mutex_lock(&e->ctx->qp_lock);
@@ -70,7 +75,7 @@ static bool any_pending(struct ursa_engine *e, uint64_t now,
 
 	if (!lock_unless_app(e, now)) {
 		/* (what the application's pass leaves, we see soon) */
-		*deadline = MIN(*deadline, now + APP_POLL_NS);
+		*deadline = MIN(*deadline, now + MAX(APP_POLL_NS, e->quiet_cur));
 		return false;
 	}
 	p = ursa_shm_serve_pending(ctx->eng);
@@ -109,11 +114,16 @@ static int pass(struct ursa_ctx *ctx, uint64_t *now, uint64_t *deadline,
 
 /* A timer set on an application's thread that is earlier than the sleeping
  * engine's wake-up time would be missed: wake it to re-arm. seq_cst pairs
- * with the engine storing sleep_until before its last check. */
+ * with the engine storing sleep_until before its last check. Not while the
+ * engine sleeps only because an application thread polls: that thread
+ * runs the timers, and the engine looks again within its quiet time (a
+ * 1 MiB WRITE stream rang 10 000 doorbells a second for its RTO). */
 static void rearm(struct ursa_engine *e, uint64_t deadline)
 {
 	uint64_t one = 1;
 
+	if (atomic_load_explicit(&e->quiet_sleep, memory_order_relaxed))
+		return;
 	if (deadline < atomic_load(&e->sleep_until) &&
 	    write(e->efd, &one, sizeof(one)) < 0)
 		ursa_err("doorbell: %s", strerror(errno));
@@ -130,7 +140,10 @@ int ursa_engine_progress(struct ursa_ctx *ctx, bool polling)
 	if (!e || !ursa_mutex_trylock(&ctx->qp_lock))
 		return -EBUSY;
 	now = 0;	/* (read when the pass needs it) */
+	/* (a hint for lock_unless_app: relaxed, written by the holder) */
+	atomic_store_explicit(&e->app_in_pass, true, memory_order_relaxed);
 	work = pass(ctx, &now, &deadline, false);
+	atomic_store_explicit(&e->app_in_pass, false, memory_order_relaxed);
 	ursa_mutex_unlock(&ctx->qp_lock);
 	/* The time stamps below say "an application thread polls" to the
 	 * engine and to peers, who compare them at microseconds (50 µs,
@@ -200,7 +213,9 @@ int ursa_engine_progress_qp(struct ursa_qp *qp)
 	if (!e || !ursa_mutex_trylock(&ctx->qp_lock))
 		return -EBUSY;
 	ursa_pass_ctx = ctx;
+	atomic_store_explicit(&e->app_in_pass, true, memory_order_relaxed);
 	work = ursa_req_process_lazy(qp, &now, &deadline);
+	atomic_store_explicit(&e->app_in_pass, false, memory_order_relaxed);
 	ursa_pass_ctx = NULL;
 	ursa_mutex_unlock(&ctx->qp_lock);
 	/* (no clock read: nothing that waits on a timer was started) */
@@ -212,8 +227,10 @@ int ursa_engine_progress_qp(struct ursa_qp *qp)
 
 /* Wait up to timeout_ns (UINT64_MAX: no limit) and handle what came.
  * Returns whether anything but RoCEv2 readiness came (a doorbell, a
- * same-host channel). */
-static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns)
+ * same-host channel); *udp (if not NULL) tells whether RoCEv2 readiness
+ * came. */
+static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns,
+			  bool *udp)
 {
 	static atomic_bool no_pwait2;
 	struct epoll_event ev[32];
@@ -253,6 +270,8 @@ static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns)
 			other = true;
 		} else if (w->kind == URSA_W_UDP) {
 			ursa_udp_wake();
+			if (udp)
+				*udp = true;
 		} else {
 			chan = true;
 		}
@@ -323,7 +342,7 @@ static void *engine_main(void *arg)
 		if (now - last_events > EVENT_POLL_NS) {
 			/* connection requests and peer deaths, even when
 			 * the engine never gets to sleep */
-			handle_events(e, 0);
+			handle_events(e, 0, NULL);
 			last_events = now;
 		}
 		if (work) {
@@ -362,19 +381,39 @@ static void *engine_main(void *arg)
 			    ursa_now_ns() - e->quiet_off > RECENT_NS)
 				e->quiet_cur = e->quiet_ns;
 			for (;;) {
-				uint64_t until, app, t0;
-				bool quiet, other;
+				uint64_t until, app;
+				bool quiet, other, udp = false;
 
 				/* While an application thread polls, it reads
-				 * the RoCEv2 sockets: sleep without them and
-				 * look again every quiet_cur; once it has been
-				 * quiet that long, watch them again (pending
-				 * packets then wake us at once). */
+				 * the RoCEv2 sockets and runs the timers: sleep
+				 * without the sockets and look again every
+				 * quiet_cur (the timers its passes set ring no
+				 * doorbell meanwhile: rearm). */
 				now = ursa_now_ns();
 				app = atomic_load_explicit(&e->app_pass_ns,
 							   memory_order_relaxed);
 				quiet = e->quiet_cur && ursa_udp_live() &&
 					now - app < e->quiet_cur;
+				if (was_quiet && !quiet) {
+					/* It stopped polling: watch the sockets
+					 * again and run a pass, which also learns
+					 * those timers. Packets already waiting
+					 * had waited for us (the application had
+					 * stopped polling, as perftest's WRITE
+					 * latency test does while it spins on
+					 * memory): halve the quiet time, down to
+					 * none. */
+					ursa_udp_engine_watch(e, true);
+					handle_events(e, 0, &udp);
+					if (udp) {
+						e->quiet_cur /= 2;
+						if (e->quiet_cur < 2000) {
+							e->quiet_cur = 0;
+							e->quiet_off = now;
+						}
+					}
+					break;
+				}
 				ursa_udp_engine_watch(e, !quiet);
 				deadline = tick(e, now, deadline);
 				until = deadline;
@@ -382,31 +421,21 @@ static void *engine_main(void *arg)
 					until = now + e->quiet_cur;
 				atomic_store(&e->sleep_until, until);
 				atomic_store(&e->ctl->wake_by, until);
-				t0 = now;
+				atomic_store_explicit(&e->quiet_sleep, quiet,
+						      memory_order_relaxed);
 				other = handle_events(e, until == UINT64_MAX ?
 						      UINT64_MAX : until > now ?
-						      until - now : 0);
+						      until - now : 0, NULL);
+				atomic_store_explicit(&e->quiet_sleep, false,
+						      memory_order_relaxed);
 				atomic_fetch_add(&e->wakeups, 1);
 				now = ursa_now_ns();
-				/* Adapt: packets that were already waiting
-				 * when we watched the sockets again had
-				 * waited for us (the application had stopped
-				 * polling, as perftest's WRITE latency test
-				 * does while it spins on memory): halve the
-				 * quiet time, down to none. A quiet time that
-				 * ends with the application still polling
-				 * grows it back, up to URSA_QUIET_US. */
-				if (was_quiet && !quiet && !other &&
-				    now - t0 < 20000) {
-					e->quiet_cur /= 2;
-					if (e->quiet_cur < 2000) {
-						e->quiet_cur = 0;
-						e->quiet_off = now;
-					}
-				} else if (was_quiet && quiet) {
+				/* A quiet time that ends with the application
+				 * still polling grows it back, up to
+				 * URSA_QUIET_US. */
+				if (was_quiet && quiet)
 					e->quiet_cur = MIN(e->quiet_ns,
 							   e->quiet_cur * 2);
-				}
 				was_quiet = quiet;
 				if (other || !quiet || now >= deadline ||
 				    atomic_load(&e->stop))
@@ -447,7 +476,7 @@ int ursa_engine_start(struct ursa_ctx *ctx)
 		return -ENOMEM;
 	e->ctx = ctx;
 	e->efd = e->epfd = e->ctl_fd = -1;
-	e->quiet_ns = (uint64_t)ursa_env_long("URSA_QUIET_US", 50, 0, 1000000) * 1000;
+	e->quiet_ns = (uint64_t)ursa_env_long("URSA_QUIET_US", 1000, 0, 1000000) * 1000;
 	e->quiet_cur = e->quiet_ns;
 	e->spin_ns = (uint64_t)ursa_env_long("URSA_SPIN_US", 20, 0, 1000000) *
 		     1000ull;

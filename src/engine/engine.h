@@ -54,6 +54,8 @@ struct ursa_engine {
 	atomic_uint_fast64_t wakeups, doorbells, inline_passes;
 	atomic_uint_fast64_t active_ns;	/* last pass that did work */
 	atomic_uint_fast64_t app_pass_ns; /* last pass on an application's thread */
+	atomic_bool app_in_pass; /* one runs now (it holds ctx->qp_lock) */
+	atomic_bool quiet_sleep; /* the engine sleeps because one polls */
 	uint64_t quiet_ns;	/* URSA_QUIET_US (engine.c) */
 	uint64_t quiet_cur, quiet_off;	/* adapted quiet time; when it went to 0 */
 	bool udp_watched;	/* RoCEv2 side set in epfd (under the udp lock) */
