@@ -903,6 +903,11 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 static __thread struct {
 	int n, fd;
 	unsigned long added;	/* packets ever added */
+	/* the batch's last run (see udp_flush): where it starts, its
+	 * packets, bytes and segment size; closed by a shorter packet */
+	int run_first, run_n;
+	size_t run_bytes, run_seg;
+	bool run_closed;
 	uint8_t buf[TXB][MAX_PKT];
 	struct iovec iov[TXB];
 	struct mmsghdr mm[TXB];
@@ -1034,14 +1039,29 @@ static void udp_flush(void)
 		}
 		done += r;
 	}
-	txb.n = 0;
+	txb.n = txb.run_n = 0;
+}
+
+/*
+ * Whether to send the batch before it is full: its last run cannot grow
+ * (closed, or at the segment or byte limit of one GSO send) and the room
+ * left is less than that run, so the next one would be cut short. Every
+ * cut-off run is one more datagram through the whole stack, as costly as
+ * a full one: with 1040-byte packets a batch of 64 went as runs of 62
+ * and 2, and sending at 62 took 8 % off a 1 MiB WRITE stream's time.
+ */
+static bool run_ends_batch(void)
+{
+	return txb.run_n > 1 && TXB - txb.n < txb.run_n && gso_on() &&
+	       (txb.run_closed || txb.run_n == URSA_GSO_SEGS ||
+		txb.run_bytes + txb.run_seg > GSO_MAX_BYTES);
 }
 
 /* Where the next packet of the batch goes: a packet built there (see
  * send_data_pkt) is not copied again by batch_add. */
 static uint8_t *tx_slot(void)
 {
-	if (txb.n == TXB)
+	if (txb.n == TXB || run_ends_batch())
 		udp_flush();
 	return txb.buf[txb.n];
 }
@@ -1056,13 +1076,26 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 {
 	int i;
 
-	if (txb.n && (txb.fd != fd || txb.n == TXB))
+	if (txb.n && (txb.fd != fd || txb.n == TXB || run_ends_batch()))
 		udp_flush();
 	i = txb.n++;
 	txb.added++;
 	txb.fd = fd;
 	if (ib != txb.buf[i])
 		memcpy(txb.buf[i], ib, len);
+	if (txb.run_n && !txb.run_closed && len <= txb.run_seg &&
+	    txb.run_n < URSA_GSO_SEGS && txb.run_bytes + len <= GSO_MAX_BYTES &&
+	    tolen == txb.tolen[txb.run_first] &&
+	    !memcmp(to, &txb.to[txb.run_first], tolen)) {
+		txb.run_n++;
+		txb.run_bytes += len;
+		txb.run_closed = len < txb.run_seg;
+	} else {
+		txb.run_first = i;
+		txb.run_n = 1;
+		txb.run_bytes = txb.run_seg = len;
+		txb.run_closed = false;
+	}
 	txb.to[i] = *to;
 	txb.tolen[i] = tolen;
 	txb.iov[i].iov_base = txb.buf[i];
