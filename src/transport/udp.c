@@ -73,14 +73,15 @@ static bool is_v4(const addr_t *g)
 	return !memcmp(g->raw, pfx, 12);
 }
 
-/* sockaddr for a GID and port */
+/* sockaddr for a GID and port (only the returned length is written: it is
+ * built for every packet sent) */
 static socklen_t to_sockaddr(const addr_t *g, uint16_t port,
 			     struct sockaddr_storage *ss)
 {
-	memset(ss, 0, sizeof(*ss));
 	if (is_v4(g)) {
 		struct sockaddr_in *a = (struct sockaddr_in *)ss;
 
+		memset(a, 0, sizeof(*a));
 		a->sin_family = AF_INET;
 		a->sin_port = htons(port);
 		memcpy(&a->sin_addr, g->raw + 12, 4);
@@ -88,6 +89,7 @@ static socklen_t to_sockaddr(const addr_t *g, uint16_t port,
 	} else {
 		struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
 
+		memset(a, 0, sizeof(*a));
 		a->sin6_family = AF_INET6;
 		a->sin6_port = htons(port);
 		memcpy(&a->sin6_addr, g->raw, 16);
@@ -916,6 +918,9 @@ static __thread struct {
 	char ctl[TXB][CMSG_SPACE(sizeof(uint16_t))];
 } txb;
 static atomic_int gso_state;	/* 0 unknown, 1 on, -1 off */
+/* This thread's packets and bytes not yet in ursa_udp_cnt: two locked adds
+ * a batch instead of a packet. */
+static __thread uint64_t txc_pkts, txc_bytes;
 static __thread int tx_hold;	/* ursa_udp_tx_hold */
 
 static bool gso_on(void)
@@ -981,6 +986,12 @@ static void udp_flush(void)
 {
 	struct mmsghdr mm[TXB];
 	int m = 0, done = 0;
+
+	if (txc_pkts) {
+		atomic_fetch_add(&ursa_udp_cnt.tx_pkts, txc_pkts);
+		atomic_fetch_add(&ursa_udp_cnt.tx_bytes, txc_bytes);
+		txc_pkts = txc_bytes = 0;
+	}
 
 	for (int i = 0; i < txb.n;) {
 		size_t seg = txb.iov[i].iov_len, tot = seg;
@@ -1096,7 +1107,7 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 		txb.run_bytes = txb.run_seg = len;
 		txb.run_closed = false;
 	}
-	txb.to[i] = *to;
+	memcpy(&txb.to[i], to, tolen);
 	txb.tolen[i] = tolen;
 	txb.iov[i].iov_base = txb.buf[i];
 	txb.iov[i].iov_len = len;
@@ -1152,14 +1163,14 @@ static void tx_one(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 
 	if (fd < 0 || is_v4(src) != is_v4(dst))
 		return;
-	atomic_fetch_add(&u->qp->cnt.pkts_tx, 1);
+	ursa_cnt_add(&u->qp->cnt.pkts_tx, 1);	/* (under u->lock) */
 	if (!have_icrc) {
 		hl = ip_udp(ip, udp, src, dst, u->sport, U.port, len, ttl);
 		roce_icrc_put(ib + len - 4, roce_icrc(ip, hl, udp, ib, len - 4));
 	}
 	capture(src, dst, u->sport, U.port, ib, len);
-	atomic_fetch_add(&ursa_udp_cnt.tx_pkts, 1);
-	atomic_fetch_add(&ursa_udp_cnt.tx_bytes, len);
+	txc_pkts++;	/* (added to the counters at the next udp_flush) */
+	txc_bytes += len;
 	if (U.loss | U.dup | U.reorder | U.corrupt) {
 		pthread_mutex_lock(&U.fault_lock);
 		if (rnd() % 1000 < U.loss) {
@@ -2775,8 +2786,9 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	enum ibv_qp_type t;
 	bool decided = false;
 
-	atomic_fetch_add(&ursa_udp_cnt.rx_pkts, 1);
-	atomic_fetch_add(&ursa_udp_cnt.rx_bytes, len);
+	/* (every caller holds U.rx: a load and a store) */
+	ursa_cnt_add(&ursa_udp_cnt.rx_pkts, 1);
+	ursa_cnt_add(&ursa_udp_cnt.rx_bytes, len);
 	capture(src, dst, sport, U.port, buf, len);
 	if (len < ROCE_BTH_LEN + ROCE_ICRC_LEN) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
@@ -2811,7 +2823,7 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	}
 	u = qp->udp;
 	t = qp->ex.qp_base.qp_type;
-	atomic_fetch_add(&qp->cnt.pkts_rx, 1);
+	ursa_cnt_add(&qp->cnt.pkts_rx, 1);
 	f = roce_opcode_flags(p.opcode);
 	if (!u || (p.opcode & 0xe0) != (t == IBV_QPT_RC ? ROCE_RC :
 					t == IBV_QPT_UC ? ROCE_UC : ROCE_UD)) {
