@@ -532,6 +532,24 @@ uint32_t roce_crc32_raw_table(uint32_t reg, const uint8_t *p, size_t n)
  * is the same as a zero start with the first four bytes inverted (those
  * are LRH bytes: ones, inverted to zeros).
  */
+/* The IP and UDP headers as the ICRC covers them: variant fields ones. */
+static void icrc_mask_ip_udp(uint8_t *hdr, const uint8_t *ip, size_t ip_len,
+			     const uint8_t *udp)
+{
+	memcpy(hdr, ip, ip_len);
+	if (ip_len == 20) {
+		hdr[1] = 0xff;			/* TOS */
+		hdr[8] = 0xff;			/* TTL */
+		hdr[10] = hdr[11] = 0xff;	/* header checksum */
+	} else {
+		hdr[0] |= 0x0f;			/* traffic class, flow label */
+		hdr[1] = hdr[2] = hdr[3] = 0xff;
+		hdr[7] = 0xff;			/* hop limit */
+	}
+	memcpy(hdr + ip_len, udp, 8);
+	hdr[ip_len + 6] = hdr[ip_len + 7] = 0xff;	/* UDP checksum */
+}
+
 static uint32_t icrc_start(const uint8_t *ip, size_t ip_len,
 			   const uint8_t *udp, const uint8_t *bth)
 {
@@ -543,24 +561,60 @@ static uint32_t icrc_start(const uint8_t *ip, size_t ip_len,
 
 	memset(blk, 0, lead + 4);
 	memset(blk + lead + 4, 0xff, 4);
-	memcpy(hdr, ip, ip_len);
-	if (ip_len == 20) {
-		hdr[1] = 0xff;			/* TOS */
-		hdr[8] = 0xff;			/* TTL */
-		hdr[10] = hdr[11] = 0xff;	/* header checksum */
-	} else {
-		hdr[0] |= 0x0f;			/* traffic class, flow label */
-		hdr[1] = hdr[2] = hdr[3] = 0xff;
-		hdr[7] = 0xff;			/* hop limit */
-	}
-	n = ip_len;
-	memcpy(hdr + n, udp, 8);
-	hdr[n + 6] = hdr[n + 7] = 0xff;		/* UDP checksum */
-	n += 8;
+	icrc_mask_ip_udp(hdr, ip, ip_len, udp);
+	n = ip_len + 8;
 	memcpy(hdr + n, bth, ROCE_BTH_LEN);
 	hdr[n + 4] = 0xff;			/* FECN, BECN, reserved */
 	n += ROCE_BTH_LEN;
 	return roce_crc32_raw(0, blk, lead + 8 + n);
+}
+
+/* The ICRC from the register after the BTH on: the headers after it, the
+ * pieces gathered in, the pad. */
+static uint32_t icrc_rest(uint32_t reg, uint8_t *ib, size_t ib_len,
+			  size_t pay_off, const struct iovec *src,
+			  unsigned int nsrc)
+{
+	uint8_t *at = ib + pay_off;
+
+	reg = roce_crc32_raw(reg, ib + ROCE_BTH_LEN, pay_off - ROCE_BTH_LEN);
+	for (unsigned int i = 0; i < nsrc; i++) {
+		size_t n = src[i].iov_len;
+
+		if (n > (size_t)(ib + ib_len - at))
+			n = (size_t)(ib + ib_len - at);	/* (never past ib_len) */
+		reg = roce_crc32_copy(reg, at, src[i].iov_base, n);
+		at += n;
+	}
+	return ~roce_crc32_raw(reg, at, (size_t)(ib + ib_len - at));
+}
+
+uint32_t roce_icrc_pfx(const uint8_t *ip, size_t ip_len, const uint8_t *udp)
+{
+	uint8_t blk[80];
+	size_t lead = ip_len == 20 ? 16 : 12;
+
+	if (ip_len != 20 && ip_len != 40)
+		return 0;
+	/* icrc_start's block without the BTH (the same bytes before it) */
+	memset(blk, 0, lead + 4);
+	memset(blk + lead + 4, 0xff, 4);
+	icrc_mask_ip_udp(blk + lead + 8, ip, ip_len, udp);
+	return roce_crc32_raw(0, blk, lead + 8 + ip_len + 8);
+}
+
+uint32_t roce_icrc_fill_from(uint32_t pfx, uint8_t *ib, size_t ib_len,
+			     size_t pay_off, const struct iovec *src,
+			     unsigned int nsrc)
+{
+	uint8_t bth[ROCE_BTH_LEN];
+
+	if (ib_len < ROCE_BTH_LEN || pay_off < ROCE_BTH_LEN || pay_off > ib_len)
+		return 0;
+	memcpy(bth, ib, ROCE_BTH_LEN);
+	bth[4] = 0xff;			/* FECN, BECN, reserved */
+	return icrc_rest(roce_crc32_raw(pfx, bth, ROCE_BTH_LEN), ib, ib_len,
+			 pay_off, src, nsrc);
 }
 
 uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
@@ -574,23 +628,11 @@ uint32_t roce_icrc_fill(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 			uint8_t *ib, size_t ib_len, size_t pay_off,
 			const struct iovec *src, unsigned int nsrc)
 {
-	uint32_t reg;
-	uint8_t *at = ib + pay_off;
-
 	if ((ip_len != 20 && ip_len != 40) || ib_len < ROCE_BTH_LEN ||
 	    pay_off < ROCE_BTH_LEN || pay_off > ib_len)
 		return 0;
-	reg = icrc_start(ip, ip_len, udp, ib);
-	reg = roce_crc32_raw(reg, ib + ROCE_BTH_LEN, pay_off - ROCE_BTH_LEN);
-	for (unsigned int i = 0; i < nsrc; i++) {
-		size_t n = src[i].iov_len;
-
-		if (n > (size_t)(ib + ib_len - at))
-			n = (size_t)(ib + ib_len - at);	/* (never past ib_len) */
-		reg = roce_crc32_copy(reg, at, src[i].iov_base, n);
-		at += n;
-	}
-	return ~roce_crc32_raw(reg, at, (size_t)(ib + ib_len - at));
+	return icrc_rest(icrc_start(ip, ip_len, udp, ib), ib, ib_len, pay_off,
+			 src, nsrc);
 }
 
 uint32_t roce_icrc_v4_id_delta(size_t ib_len, uint16_t id)

@@ -132,6 +132,18 @@ uint32_t roce_icrc(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 uint32_t roce_icrc_fill(const uint8_t *ip, size_t ip_len, const uint8_t *udp,
 			uint8_t *ib, size_t ib_len, size_t pay_off,
 			const struct iovec *src, unsigned int nsrc);
+/*
+ * The ICRC in two parts, for packets that share their addresses, ports and
+ * length (a stream's middle packets, a GSO run): roce_icrc_pfx is the
+ * register after the masked IP and UDP headers, which only those determine
+ * (IPv4 ID as given, 0 for roce_icrc's value); roce_icrc_fill_from goes on
+ * from it over ib as roce_icrc_fill does (pay_off = ib_len, no pieces: the
+ * plain ICRC, ib untouched).
+ */
+uint32_t roce_icrc_pfx(const uint8_t *ip, size_t ip_len, const uint8_t *udp);
+uint32_t roce_icrc_fill_from(uint32_t pfx, uint8_t *ib, size_t ib_len,
+			     size_t pay_off, const struct iovec *src,
+			     unsigned int nsrc);
 void roce_icrc_put(uint8_t *dst, uint32_t icrc);
 uint32_t roce_icrc_get(const uint8_t *src);
 

@@ -202,6 +202,57 @@ static int test_icrc_fill(void)
 	return TEST_RESULT();
 }
 
+/* The ICRC in two parts (roce_icrc_pfx, roce_icrc_fill_from): the same
+ * value as in one, IPv4 (with an ID) and IPv6, every header length, with
+ * and without pieces gathered in; the BTH's masked byte still masked. */
+static int test_icrc_pfx(void)
+{
+	static uint8_t src[1100], a[1100], b[1100];
+	uint8_t ip4[20] = { 0x45, 0x1c, 0x04, 0x30, 0x12, 0x34, 0x40, 0, 64, 17,
+			    0xab, 0xcd, 10, 0, 0, 1, 10, 0, 0, 2 };
+	uint8_t ip6[40] = { 0x6e, 0x21, 0x23, 0x45, 0x04, 0x1c, 17, 3 };
+	uint8_t udp[8] = { 0xc0, 0x00, 0x12, 0xb7, 0x04, 0x1c, 0x77, 0x88 };
+	uint32_t bad = 0;
+
+	for (size_t i = 0; i < sizeof(src); i++)
+		src[i] = (uint8_t)(i * 31 + 3);
+	for (size_t i = 8; i < 40; i++)
+		ip6[i] = (uint8_t)(i * 7);
+	for (int v6 = 0; v6 < 2; v6++) {
+		const uint8_t *ip = v6 ? ip6 : ip4;
+		size_t hl = v6 ? 40 : 20;
+		uint32_t pfx = roce_icrc_pfx(ip, hl, udp);
+
+		for (size_t hdr = 12; hdr <= 44; hdr += 4) {
+			struct iovec v = { src, 1024 };
+			size_t ib_len = hdr + 1024;
+
+			for (size_t i = 0; i < hdr; i++)
+				a[i] = (uint8_t)(0x40 + i * 3);
+			memcpy(b, a, hdr);
+			memcpy(b + hdr, src, 1024);
+			if (roce_icrc_fill_from(pfx, a, ib_len, hdr, &v, 1) !=
+			    roce_icrc(ip, hl, udp, b, ib_len) ||
+			    memcmp(a, b, ib_len))
+				bad++;
+			if (roce_icrc_fill_from(pfx, b, ib_len, ib_len, NULL, 0) !=
+			    roce_icrc(ip, hl, udp, b, ib_len))
+				bad++;
+			b[4] ^= 0xc0;	/* FECN, BECN: masked */
+			if (roce_icrc_fill_from(pfx, b, ib_len, ib_len, NULL, 0) !=
+			    roce_icrc(ip, hl, udp, a, ib_len))
+				bad++;
+			b[5] ^= 1;	/* the QPN: covered */
+			if (roce_icrc_fill_from(pfx, b, ib_len, ib_len, NULL, 0) ==
+			    roce_icrc(ip, hl, udp, a, ib_len))
+				bad++;
+		}
+	}
+	EXPECT_EQ(bad, 0);
+	EXPECT_EQ(roce_icrc_pfx(ip4, 24, udp), 0);	/* no such IP header */
+	return TEST_RESULT();
+}
+
 static int test_icrc_ipv6_vector(void)
 {
 	/* (c) the UC SEND_ONLY of (b) over IPv6: 2022::1023 -> 2023::1024,
@@ -349,6 +400,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(crc_methods_agree, "CRC-32 by PCLMULQDQ and by tables agree"),
 	TEST_ENTRY(crc_copy, "CRC-32 while copying: same register, same bytes"),
 	TEST_ENTRY(icrc_fill, "ICRC with the payload gathered in: as roce_icrc"),
+	TEST_ENTRY(icrc_pfx, "ICRC in two parts, pseudo-headers first: as in one"),
 	TEST_ENTRY(icrc_v4_id_delta, "ICRC with an IPv4 ID: ID 0 xor a linear delta"),
 	TEST_ENTRY(icrc_ipv6_vector, "ICRC over IPv6 with the variant-field masks"),
 	TEST_ENTRY(roundtrip_all_opcodes, "every opcode builds, parses, refuses truncation"),
