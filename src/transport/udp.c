@@ -940,20 +940,22 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
 #define TXB 64
 #define URSA_GSO_SEGS 64
 #define GSO_MAX_BYTES 65000
+/* A run: packets of one size to one destination (the last may be shorter),
+ * one GSO send; closed by a shorter packet. */
+struct txrun {
+	int first, n;		/* its packets: first .. first + n - 1 */
+	size_t bytes, seg;
+	bool closed;
+	socklen_t tolen;
+	struct sockaddr_storage to;
+	char ctl[CMSG_SPACE(sizeof(uint16_t))];
+};
 static __thread struct {
-	int n, fd;
+	int n, fd, nruns;
 	unsigned long added;	/* packets ever added */
-	/* the batch's last run (see udp_flush): where it starts, its
-	 * packets, bytes and segment size; closed by a shorter packet */
-	int run_first, run_n;
-	size_t run_bytes, run_seg;
-	bool run_closed;
 	uint8_t buf[TXB][MAX_PKT];
 	struct iovec iov[TXB];
-	struct mmsghdr mm[TXB];
-	struct sockaddr_storage to[TXB];
-	socklen_t tolen[TXB];
-	char ctl[TXB][CMSG_SPACE(sizeof(uint16_t))];
+	struct txrun run[TXB];
 } txb;
 static atomic_int gso_state;	/* 0 unknown, 1 on, -1 off */
 /* This thread's packets and bytes not yet in ursa_udp_cnt: two locked adds
@@ -989,15 +991,19 @@ static const uint32_t *id_basis(size_t ib_len)
 	return c[e].d;
 }
 
-static uint32_t id_delta(size_t ib_len, unsigned id)
+static uint32_t basis_delta(const uint32_t *d, unsigned id)
 {
-	const uint32_t *d = id_basis(ib_len);
 	uint32_t x = 0;
 
 	for (int b = 0; b < 6; b++)
 		if (id & (1u << b))
 			x ^= d[b];
 	return x;
+}
+
+static uint32_t id_delta(size_t ib_len, unsigned id)
+{
+	return basis_delta(id_basis(ib_len), id);
 }
 
 /* Does a received ICRC match for one of the IDs a GSO sender uses? got is
@@ -1031,42 +1037,40 @@ static void udp_flush(void)
 		txc_pkts = txc_bytes = 0;
 	}
 
-	for (int i = 0; i < txb.n;) {
-		size_t seg = txb.iov[i].iov_len, tot = seg;
-		int j = i + 1;
+	for (; m < txb.nruns; m++) {
+		struct txrun *r = &txb.run[m];
+		struct msghdr *h = &mm[m].msg_hdr;
 
-		while (gso_on() && j < txb.n && j - i < URSA_GSO_SEGS &&
-		       txb.iov[j - 1].iov_len == seg && txb.iov[j].iov_len <= seg &&
-		       tot + txb.iov[j].iov_len <= GSO_MAX_BYTES &&
-		       txb.tolen[j] == txb.tolen[i] &&
-		       !memcmp(&txb.to[j], &txb.to[i], txb.tolen[i]))
-			tot += txb.iov[j++].iov_len;
-		mm[m] = txb.mm[i];
-		mm[m].msg_hdr.msg_iovlen = (size_t)(j - i);
-		if (j - i > 1) {
+		memset(&mm[m], 0, sizeof(mm[m]));
+		h->msg_name = &r->to;
+		h->msg_namelen = r->tolen;
+		h->msg_iov = &txb.iov[r->first];
+		h->msg_iovlen = (size_t)r->n;
+		if (r->n > 1) {
 			struct cmsghdr *cm;
-			uint16_t gs = (uint16_t)seg;
+			uint16_t gs = (uint16_t)r->seg;
 
-			if (txb.to[i].ss_family == AF_INET) {
-				for (int k = 1; k < j - i; k++) {
-					uint8_t *p = txb.buf[i + k];
-					size_t l = txb.iov[i + k].iov_len;
+			if (r->to.ss_family == AF_INET) {
+				const uint32_t *d = id_basis(r->seg - 4);
+
+				for (int k = 1; k < r->n; k++) {
+					uint8_t *p = txb.buf[r->first + k];
+					size_t l = txb.iov[r->first + k].iov_len;
 
 					roce_icrc_put(p + l - 4, roce_icrc_get(p + l - 4) ^
-						      id_delta(l - 4, (unsigned)k));
+						      (l == r->seg ? basis_delta(d, (unsigned)k) :
+								     id_delta(l - 4, (unsigned)k)));
 				}
 			}
 			atomic_fetch_add(&ursa_udp_cnt.tx_gso, 1);
-			mm[m].msg_hdr.msg_control = txb.ctl[i];
-			mm[m].msg_hdr.msg_controllen = sizeof(txb.ctl[i]);
-			cm = CMSG_FIRSTHDR(&mm[m].msg_hdr);
+			h->msg_control = r->ctl;
+			h->msg_controllen = sizeof(r->ctl);
+			cm = CMSG_FIRSTHDR(h);
 			cm->cmsg_level = SOL_UDP;
 			cm->cmsg_type = UDP_SEGMENT;
 			cm->cmsg_len = CMSG_LEN(sizeof(gs));
 			memcpy(CMSG_DATA(cm), &gs, sizeof(gs));
 		}
-		m++;
-		i = j;
 	}
 	while (done < m) {
 		int r = sendmmsg(txb.fd, mm + done, (unsigned)(m - done), 0);
@@ -1088,7 +1092,7 @@ static void udp_flush(void)
 		}
 		done += r;
 	}
-	txb.n = txb.run_n = 0;
+	txb.n = txb.nruns = 0;
 }
 
 /*
@@ -1101,9 +1105,11 @@ static void udp_flush(void)
  */
 static bool run_ends_batch(void)
 {
-	return txb.run_n > 1 && TXB - txb.n < txb.run_n && gso_on() &&
-	       (txb.run_closed || txb.run_n == URSA_GSO_SEGS ||
-		txb.run_bytes + txb.run_seg > GSO_MAX_BYTES);
+	const struct txrun *r = txb.nruns ? &txb.run[txb.nruns - 1] : NULL;
+
+	return r && r->n > 1 && TXB - txb.n < r->n &&
+	       (r->closed || r->n == URSA_GSO_SEGS ||
+		r->bytes + r->seg > GSO_MAX_BYTES);
 }
 
 /* Where the next packet of the batch goes: a packet built there (see
@@ -1123,6 +1129,7 @@ static bool in_next_slot(const uint8_t *ib)
 static void batch_add(int fd, const uint8_t *ib, size_t len,
 		      const struct sockaddr_storage *to, socklen_t tolen)
 {
+	struct txrun *r;
 	int i;
 
 	if (txb.n && (txb.fd != fd || txb.n == TXB || run_ends_batch()))
@@ -1132,28 +1139,24 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 	txb.fd = fd;
 	if (ib != txb.buf[i])
 		memcpy(txb.buf[i], ib, len);
-	if (txb.run_n && !txb.run_closed && len <= txb.run_seg &&
-	    txb.run_n < URSA_GSO_SEGS && txb.run_bytes + len <= GSO_MAX_BYTES &&
-	    tolen == txb.tolen[txb.run_first] &&
-	    !memcmp(to, &txb.to[txb.run_first], tolen)) {
-		txb.run_n++;
-		txb.run_bytes += len;
-		txb.run_closed = len < txb.run_seg;
-	} else {
-		txb.run_first = i;
-		txb.run_n = 1;
-		txb.run_bytes = txb.run_seg = len;
-		txb.run_closed = false;
-	}
-	memcpy(&txb.to[i], to, tolen);
-	txb.tolen[i] = tolen;
 	txb.iov[i].iov_base = txb.buf[i];
 	txb.iov[i].iov_len = len;
-	memset(&txb.mm[i], 0, sizeof(txb.mm[i]));
-	txb.mm[i].msg_hdr.msg_iov = &txb.iov[i];
-	txb.mm[i].msg_hdr.msg_iovlen = 1;
-	txb.mm[i].msg_hdr.msg_name = &txb.to[i];
-	txb.mm[i].msg_hdr.msg_namelen = tolen;
+	r = txb.nruns ? &txb.run[txb.nruns - 1] : NULL;
+	if (r && gso_on() && !r->closed && len <= r->seg &&
+	    r->n < URSA_GSO_SEGS && r->bytes + len <= GSO_MAX_BYTES &&
+	    tolen == r->tolen && !memcmp(to, &r->to, tolen)) {
+		r->n++;
+		r->bytes += len;
+		r->closed = len < r->seg;
+		return;
+	}
+	r = &txb.run[txb.nruns++];
+	r->first = i;
+	r->n = 1;
+	r->bytes = r->seg = len;
+	r->closed = false;
+	r->tolen = tolen;
+	memcpy(&r->to, to, tolen);
 }
 
 /* Packets held back by the delay fault, sent by a later engine pass. */
