@@ -96,7 +96,6 @@ static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
 static uint32_t get24(const uint8_t *p) { return (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2]; }
 static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | get24(p + 1); }
 static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) << 32 | get32(p + 4); }
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
 static void put24(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 16); p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)v; }
 static void put32(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 24); put24(p + 1, v); }
 static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
@@ -193,13 +192,8 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 		pad = 0;
 	if ((size_t)hl + paylen + pad + ROCE_ICRC_LEN > cap)
 		return -ENOSPC;
-	buf[0] = p->opcode;
-	buf[1] = (uint8_t)((p->se ? 0x80 : 0) | (p->mig ? 0x40 : 0) | pad << 4);
-	put16(buf + 2, p->pkey);
-	buf[4] = 0;
-	put24(buf + 5, p->dqpn);
-	buf[8] = p->ackreq ? 0x80 : 0;
-	put24(buf + 9, p->psn);
+	roce_bth_put(buf, p->opcode, p->se, p->mig, pad, p->pkey, p->dqpn,
+		     p->ackreq, p->psn);
 	h = buf + ROCE_BTH_LEN;
 	if (f & H_DETH) {
 		put32(h, p->qkey);

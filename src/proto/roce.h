@@ -52,6 +52,26 @@ enum {
 uint32_t roce_opcode_flags(uint8_t opcode);
 /* Header length from BTH up to the payload, or 0 if unknown. */
 unsigned roce_hdr_len(uint8_t opcode);
+
+/* The BTH (IBTA 9.2) as roce_build writes it; for a sender that builds a
+ * message's middle packets (a BTH, then the payload) itself. */
+static inline void roce_bth_put(uint8_t *b, uint8_t opcode, bool se, bool mig,
+				uint8_t pad, uint16_t pkey, uint32_t dqpn,
+				bool ackreq, uint32_t psn)
+{
+	b[0] = opcode;
+	b[1] = (uint8_t)((se ? 0x80 : 0) | (mig ? 0x40 : 0) | pad << 4);
+	b[2] = (uint8_t)(pkey >> 8);
+	b[3] = (uint8_t)pkey;
+	b[4] = 0;
+	b[5] = (uint8_t)(dqpn >> 16);
+	b[6] = (uint8_t)(dqpn >> 8);
+	b[7] = (uint8_t)dqpn;
+	b[8] = ackreq ? 0x80 : 0;
+	b[9] = (uint8_t)(psn >> 16);
+	b[10] = (uint8_t)(psn >> 8);
+	b[11] = (uint8_t)psn;
+}
 const char *roce_opcode_name(uint8_t opcode);
 
 /* AETH syndrome (IBTA 9.3.5, table 42). */

@@ -1770,7 +1770,6 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	if (r->msg_len == 0)
 		len = 0;
 	p.opcode = (uint8_t)(transport_bits(qp) | req_opcode(r->opcode, first, last, false));
-	pay = buf + roce_hdr_len(p.opcode);
 	p.pkey = ROCE_DEFAULT_PKEY;
 	p.dqpn = ud ? w->remote_qpn : qp->attr.dest_qp_num;
 	p.psn = psn_add(u->m.first, k);
@@ -1783,16 +1782,27 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	p.ackreq = qp->ex.qp_base.qp_type == IBV_QPT_RC &&
 		   (last || k % ACKREQ_EVERY == ACKREQ_EVERY - 1 ||
 		    k + 1 == u->m.acked + u->cwnd);
-	p.va = r->remote_addr;
-	p.rkey = r->rkey;
-	p.dmalen = (uint32_t)r->msg_len;
-	p.imm = r->imm;
-	p.qkey = r->qkey;
-	p.sqpn = qp->ex.qp_base.qp_num;
-	/* the headers and the pad, then the payload and the ICRC together */
-	n = roce_build(buf, MAX_PKT, &p, pay, len);
-	if (n <= 0)
-		return;
+	if (!first && !last) {
+		/* a MIDDLE packet (RC, UC): the BTH, then a whole MTU of
+		 * payload (a multiple of 4: no pad); most of a stream */
+		roce_bth_put(buf, p.opcode, false, false, 0, p.pkey, p.dqpn,
+			     p.ackreq, p.psn);
+		pay = buf + ROCE_BTH_LEN;
+		n = (int)(ROCE_BTH_LEN + len + ROCE_ICRC_LEN);
+	} else {
+		p.va = r->remote_addr;
+		p.rkey = r->rkey;
+		p.dmalen = (uint32_t)r->msg_len;
+		p.imm = r->imm;
+		p.qkey = r->qkey;
+		p.sqpn = qp->ex.qp_base.qp_num;
+		/* the headers and the pad, then the payload and the ICRC
+		 * together */
+		pay = buf + roce_hdr_len(p.opcode);
+		n = roce_build(buf, MAX_PKT, &p, pay, len);
+		if (n <= 0)
+			return;
+	}
 	ttl = r->hop_limit ? r->hop_limit : 64;
 	if (is_v4(src) == is_v4(dst)) {	/* (else tx_one sends nothing) */
 		uint32_t pfx = icrc_pfx(&u->pfx, src, dst, u->sport, U.port,
