@@ -277,6 +277,15 @@ static uint32_t crc_table(uint32_t reg, const uint8_t *p, size_t n)
 		p += 8;
 		n -= 8;
 	}
+	if (n >= 4) {	/* (a BTH is 12 bytes: four lookups at once) */
+		uint32_t lo = reg ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 |
+				     (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+
+		reg = crc_t[3][lo & 0xff] ^ crc_t[2][(lo >> 8) & 0xff] ^
+		      crc_t[1][(lo >> 16) & 0xff] ^ crc_t[0][lo >> 24];
+		p += 4;
+		n -= 4;
+	}
 	while (n--)
 		reg = crc_t[0][(reg ^ *p++) & 0xff] ^ (reg >> 8);
 	return reg;
@@ -515,17 +524,6 @@ uint32_t roce_crc32_raw_table(uint32_t reg, const uint8_t *p, size_t n)
 	return crc_table(reg, p, n);
 }
 
-/*
- * The ICRC covers 8 bytes of ones (the LRH a RoCEv2 packet lacks), the IP
- * and UDP headers and the BTH with their variant fields masked to ones,
- * then the rest of the packet. The masked headers are assembled in one
- * block behind leading zeros, so that the carry-less method takes them
- * too (it wants multiples of 16 bytes, at least 64; the tables took 40 of
- * the 140 ns of a 1 KiB packet's ICRC here): a CRC whose register starts
- * at zero is unchanged by leading zero bytes, and a start value of ones
- * is the same as a zero start with the first four bytes inverted (those
- * are LRH bytes: ones, inverted to zeros).
- */
 /* The IP and UDP headers as the ICRC covers them: variant fields ones. */
 static void icrc_mask_ip_udp(uint8_t *hdr, const uint8_t *ip, size_t ip_len,
 			     const uint8_t *udp)
@@ -544,6 +542,17 @@ static void icrc_mask_ip_udp(uint8_t *hdr, const uint8_t *ip, size_t ip_len,
 	hdr[ip_len + 6] = hdr[ip_len + 7] = 0xff;	/* UDP checksum */
 }
 
+/*
+ * The ICRC covers 8 bytes of ones (the LRH a RoCEv2 packet lacks), the IP
+ * and UDP headers and the BTH with their variant fields masked to ones,
+ * then the rest of the packet. The masked headers are assembled in one
+ * block behind leading zeros, so that the carry-less method takes them
+ * too (it wants multiples of 16 bytes, at least 64; the tables took 40 of
+ * the 140 ns of a 1 KiB packet's ICRC here): a CRC whose register starts
+ * at zero is unchanged by leading zero bytes, and a start value of ones
+ * is the same as a zero start with the first four bytes inverted (those
+ * are LRH bytes: ones, inverted to zeros).
+ */
 static uint32_t icrc_start(const uint8_t *ip, size_t ip_len,
 			   const uint8_t *udp, const uint8_t *bth)
 {
