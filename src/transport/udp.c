@@ -578,7 +578,7 @@ static bool forward(const uint8_t *buf, size_t len, uint32_t dqpn,
 
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		      uint16_t sport, const addr_t *dst, bool forwarded,
-		      unsigned seg);
+		      unsigned seg, struct ursa_qp **run_qp);
 
 static int poll_sock(int fd, bool v6);
 
@@ -631,7 +631,7 @@ static int fwd_poll(void)
 			if (h.magic != FWD_MAGIC)
 				continue;
 			on_packet(buf + sizeof(h), (size_t)r - sizeof(h), &h.src,
-				  h.sport, &h.dst, true, 0);
+				  h.sport, &h.dst, true, 0, NULL);
 			total++;
 		}
 	}
@@ -2824,9 +2824,13 @@ static void run_held(struct ursa_qp *qp, struct ursa_uqp *u)
 
 /* seg: the packet's place in a coalesced run (UDP_GRO), 0 if alone: the
  * IPv4 ID it most likely left with (udp_flush), tried first. */
+/* run_qp (NULL: none): the QP the packets of one received datagram were
+ * for so far, with the reference its lookup took, which the caller drops
+ * after the datagram; a coalesced run's packets are for one QP (the sender
+ * sends them from its socket), so the lookup is made once per run. */
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		      uint16_t sport, const addr_t *dst, bool forwarded,
-		      unsigned seg)
+		      unsigned seg, struct ursa_qp **run_qp)
 {
 	struct roce_pkt p;
 	struct ursa_qp *qp;
@@ -2866,13 +2870,23 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		atomic_fetch_add(&ursa_udp_cnt.drop_opcode, 1);
 		return;
 	}
-	qp = ursa_loop_get(dst, p.dqpn);
-	if (!qp) {
-		/* another process's QP? (never forward twice) */
-		if (!forwarded && forward(buf, len, p.dqpn, src, sport, dst))
+	if (run_qp && *run_qp && (*run_qp)->ex.qp_base.qp_num == p.dqpn) {
+		qp = *run_qp;
+	} else {
+		qp = ursa_loop_get(dst, p.dqpn);
+		if (!qp) {
+			/* another process's QP? (never forward twice) */
+			if (!forwarded &&
+			    forward(buf, len, p.dqpn, src, sport, dst))
+				return;
+			atomic_fetch_add(&ursa_udp_cnt.drop_qpn, 1);
 			return;
-		atomic_fetch_add(&ursa_udp_cnt.drop_qpn, 1);
-		return;
+		}
+		if (run_qp) {
+			if (*run_qp)
+				ursa_loop_put(*run_qp);
+			*run_qp = qp;	/* (its reference, dropped by the caller) */
+		}
 	}
 	u = qp->udp;
 	t = qp->ex.qp_base.qp_type;
@@ -2941,7 +2955,8 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 			udp_flush();
 	}
 out:
-	ursa_loop_put(qp);
+	if (!run_qp)
+		ursa_loop_put(qp);
 }
 
 /* For the responder fuzz target: hand one datagram to the receive path, as
@@ -2950,7 +2965,7 @@ void ursa_udp_inject(uint8_t *buf, size_t len, const union ibv_gid *src,
 		     uint16_t sport, const union ibv_gid *dst)
 {
 	pthread_mutex_lock(&U.rx);
-	on_packet(buf, len, src, sport, dst, true, 0);
+	on_packet(buf, len, src, sport, dst, true, 0, NULL);
 	pthread_mutex_unlock(&U.rx);
 	udp_flush();
 }
@@ -2983,6 +2998,7 @@ uint16_t ursa_udp_port(void)
 static int poll_sock(int fd, bool v6)
 {
 	enum { BATCH = 32 };
+	struct ursa_qp *run_qp = NULL;	/* see on_packet */
 	static uint8_t bufs[BATCH][GRO_BUF];
 	static struct sockaddr_storage from[BATCH];
 	static char cbuf[BATCH][CMSG_SPACE(sizeof(struct in6_pktinfo)) +
@@ -3067,7 +3083,11 @@ static int poll_sock(int fd, bool v6)
 			for (size_t off = 0; off < mm[i].msg_len; off += seg)
 				on_packet(bufs[i] + off, MIN(seg, mm[i].msg_len - off),
 					  &src, sport, &dst, false,
-					  (unsigned)(off / seg));
+					  (unsigned)(off / seg), &run_qp);
+			if (run_qp) {
+				ursa_loop_put(run_qp);
+				run_qp = NULL;
+			}
 		}
 		ursa_udp_tx_hold(false);
 		total += n;
