@@ -551,25 +551,30 @@ static void icrc_mask_ip_udp(uint8_t *hdr, const uint8_t *ip, size_t ip_len,
  * the 140 ns of a 1 KiB packet's ICRC here): a CRC whose register starts
  * at zero is unchanged by leading zero bytes, and a start value of ones
  * is the same as a zero start with the first four bytes inverted (those
- * are LRH bytes: ones, inverted to zeros).
+ * are LRH bytes: ones, inverted to zeros). icrc_pre builds the block up
+ * to the BTH and returns its length (64 - 12 for IPv4, 80 - 12 for IPv6).
  */
+static size_t icrc_pre(uint8_t blk[80], const uint8_t *ip, size_t ip_len,
+		       const uint8_t *udp)
+{
+	size_t lead = ip_len == 20 ? 16 : 12;
+
+	memset(blk, 0, lead + 4);
+	memset(blk + lead + 4, 0xff, 4);
+	icrc_mask_ip_udp(blk + lead + 8, ip, ip_len, udp);
+	return lead + 8 + ip_len + 8;
+}
+
 static uint32_t icrc_start(const uint8_t *ip, size_t ip_len,
 			   const uint8_t *udp, const uint8_t *bth)
 {
 	/* IPv4: 16 + 8 + 20 + 8 + 12 = 64; IPv6: 12 + 8 + 40 + 8 + 12 = 80 */
 	uint8_t blk[80];
-	size_t lead = ip_len == 20 ? 16 : 12;
-	uint8_t *hdr = blk + lead + 8;
-	size_t n = 0;
+	size_t n = icrc_pre(blk, ip, ip_len, udp);
 
-	memset(blk, 0, lead + 4);
-	memset(blk + lead + 4, 0xff, 4);
-	icrc_mask_ip_udp(hdr, ip, ip_len, udp);
-	n = ip_len + 8;
-	memcpy(hdr + n, bth, ROCE_BTH_LEN);
-	hdr[n + 4] = 0xff;			/* FECN, BECN, reserved */
-	n += ROCE_BTH_LEN;
-	return roce_crc32_raw(0, blk, lead + 8 + n);
+	memcpy(blk + n, bth, ROCE_BTH_LEN);
+	blk[n + 4] = 0xff;			/* FECN, BECN, reserved */
+	return roce_crc32_raw(0, blk, n + ROCE_BTH_LEN);
 }
 
 /* The ICRC from the register after the BTH on: the headers after it, the
@@ -595,15 +600,10 @@ static uint32_t icrc_rest(uint32_t reg, uint8_t *ib, size_t ib_len,
 uint32_t roce_icrc_pfx(const uint8_t *ip, size_t ip_len, const uint8_t *udp)
 {
 	uint8_t blk[80];
-	size_t lead = ip_len == 20 ? 16 : 12;
 
 	if (ip_len != 20 && ip_len != 40)
 		return 0;
-	/* icrc_start's block without the BTH (the same bytes before it) */
-	memset(blk, 0, lead + 4);
-	memset(blk + lead + 4, 0xff, 4);
-	icrc_mask_ip_udp(blk + lead + 8, ip, ip_len, udp);
-	return roce_crc32_raw(0, blk, lead + 8 + ip_len + 8);
+	return roce_crc32_raw(0, blk, icrc_pre(blk, ip, ip_len, udp));
 }
 
 uint32_t roce_icrc_fill_from(uint32_t pfx, uint8_t *ib, size_t ib_len,
