@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #define REQ_SEND (P_REQ | P_SEND | P_PAYLOAD)
@@ -239,6 +240,7 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 /* Slicing-by-8 (eight bytes per step through eight tables): the ICRC is
  * computed for every packet sent and received. */
 static uint32_t crc_t[8][256];
+static atomic_bool crc_ready;	/* crc_init is done (crc_ensure) */
 
 #if defined(__x86_64__) && !defined(URSA_NO_CLMUL)
 static void clmul_init(void);
@@ -260,6 +262,7 @@ static void crc_init(void)
 		for (int t = 1; t < 8; t++)
 			crc_t[t][i] = (crc_t[t - 1][i] >> 8) ^
 				      crc_t[0][crc_t[t - 1][i] & 0xff];
+	atomic_store_explicit(&crc_ready, true, memory_order_release);
 }
 
 static uint32_t crc_table(uint32_t reg, const uint8_t *p, size_t n)
@@ -471,9 +474,18 @@ static void clmul_init(void)
 
 static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
 
+/* The tables and the CPU's methods, ready: pthread_once once, then one
+ * load (a packet makes three or four calls). The acquire pairs with
+ * crc_init's release store: the tables it wrote are seen. */
+static inline void crc_ensure(void)
+{
+	if (!atomic_load_explicit(&crc_ready, memory_order_acquire))
+		pthread_once(&crc_once, crc_init);
+}
+
 uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n)
 {
-	pthread_once(&crc_once, crc_init);
+	crc_ensure();
 #if defined(__x86_64__) && !defined(URSA_NO_CLMUL)
 	if (n >= 64 && have_clmul) {
 		size_t k = n & ~(size_t)15;
@@ -489,7 +501,7 @@ uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n)
 
 uint32_t roce_crc32_copy(uint32_t reg, void *dst, const void *src, size_t n)
 {
-	pthread_once(&crc_once, crc_init);
+	crc_ensure();
 #if defined(__x86_64__) && !defined(URSA_NO_CLMUL)
 	if (n >= 128 && have_vclmul) {
 		size_t k = n & ~(size_t)15;
