@@ -51,7 +51,9 @@ int64_t ursa_pinned_total(void);
 struct ursa_qp_stats {
 	uint64_t comp_mask;
 	uint64_t sends, recvs;	/* messages sent (requester) / received */
-	uint64_t writes, reads, atomics; /* executed as responder */
+	/* executed as responder: WRITE messages (once each, however many
+	 * packets or fragments), READ and atomic requests */
+	uint64_t writes, reads, atomics;
 	uint64_t tx_bytes, rx_bytes;
 	uint64_t rnr_naks;	/* RNR NAKs this QP answered as responder */
 	uint64_t retries;	/* requester retransmissions (ACK timeout) */

@@ -428,7 +428,10 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 			err = ursa_xfer(&d, 1, false, r->src, r->nsrc,
 					r->src_remote, r->peer, 0, len);
 		}
-		atomic_fetch_add(&tqp->cnt.writes, 1);
+		/* once per message: a RoCEv2 packet, or a slot's fragment,
+		 * is a request of its own */
+		if (r->offset + len >= r->msg_len)
+			atomic_fetch_add(&tqp->cnt.writes, 1);
 		atomic_fetch_add(&tqp->cnt.rx_bytes, len);
 		break;
 	case IBV_WR_RDMA_READ:

@@ -328,8 +328,10 @@ static int atomics(struct ep *e, uint64_t res_off, uint64_t raddr,
  * 1 KiB to 1 MiB; SEND: CHUNK, as the server's receives), DEPTH
  * outstanding; every completion must succeed, in order. A READ lands in
  * the second half of our buffer. */
+/* Posts len bytes as messages of varied sizes; *nmsg (if not NULL): how
+ * many. */
 static int stream(struct ep *e, enum ibv_wr_opcode op, size_t len,
-		  const struct info *peer)
+		  const struct info *peer, uint64_t *nmsg)
 {
 	static const uint32_t sizes[] = { 1024, 65536, 4096, CHUNK, 3072, 262144 };
 	uint64_t posted = 0, done = 0;
@@ -359,6 +361,8 @@ static int stream(struct ep *e, enum ibv_wr_opcode op, size_t len,
 		}
 		done++;
 	}
+	if (nmsg)
+		*nmsg = posted;
 	return 0;
 }
 
@@ -399,7 +403,8 @@ static int server(int port)
 	xio(c, &cmd, sizeof(cmd), 1);	/* ready */
 	/* commands: 1 = checksum my buffer, 2 = receive N MiB by SEND,
 	 * 3 = answer PINGS SENDs, 4 = report held ACKs, 5 = receive one
-	 * SEND and exit at once, 6 = checksum the first 5 pages */
+	 * SEND and exit at once, 6 = checksum the first 5 pages, 7 = report
+	 * the WRITEs my QP executed (ursa_qp_stats) */
 	while (read(c, &cmd, sizeof(cmd)) == sizeof(cmd)) {
 		if (cmd == 3 || cmd == 5) {
 			int n = cmd == 3 ? PINGS : 1;
@@ -428,6 +433,13 @@ static int server(int port)
 				r[1] = st.acks_alone;
 			}
 			xio(c, r, sizeof(r), 1);
+		} else if (cmd == 7) {
+			struct ursa_qp_stats qs;
+			uint64_t w = UINT64_MAX;
+
+			if (!ursa_qp_stats(e.qp, &qs))
+				w = qs.writes;
+			xio(c, &w, sizeof(w), 1);
 		} else if (cmd == 1) {
 			sum = fnv(e.buf, e.len, 1469598103934665603ull);
 			xio(c, &sum, sizeof(sum), 1);
@@ -647,7 +659,7 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 	int s = socket(AF_INET6, SOCK_STREAM, 0), bad = 0;
 	struct info me, peer;
 	struct ep e;
-	uint64_t cmd, want, got, seed = 0x1234567;
+	uint64_t cmd, want, got, nmsg = 0, seed = 0x1234567;
 	size_t len = mib << 20;
 	uint8_t *copy;
 	struct sockaddr_in6 la;
@@ -705,7 +717,7 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 
 	/* 1. WRITE everything */
 	t0 = now_s();
-	if (stream(&e, IBV_WR_RDMA_WRITE, len, &peer))
+	if (stream(&e, IBV_WR_RDMA_WRITE, len, &peer, &nmsg))
 		return 1;
 	cmd = 1;
 	xio(s, &cmd, sizeof(cmd), 1);
@@ -713,9 +725,17 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 	printf("%s write %zu MiB: %.1f MB/s\n", got == want ? "ok" : "FAIL", mib,
 	       len / (now_s() - t0) / 1e6);
 	bad |= got != want;
+	/* the target counts each WRITE once, whatever its packets and
+	 * their retransmissions */
+	cmd = 7;
+	xio(s, &cmd, sizeof(cmd), 1);
+	xio(s, &got, sizeof(got), 0);
+	printf("%s write messages the target counted: %" PRIu64 " of %" PRIu64 "\n",
+	       got == nmsg ? "ok" : "FAIL", got, nmsg);
+	bad |= got != nmsg;
 	/* 2. READ it back into the second half */
 	t0 = now_s();
-	if (stream(&e, IBV_WR_RDMA_READ, len, &peer))
+	if (stream(&e, IBV_WR_RDMA_READ, len, &peer, NULL))
 		return 1;
 	copy = e.buf + len;
 	got = fnv(copy, len, 1469598103934665603ull);
@@ -737,7 +757,7 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 	xio(s, &cmd, sizeof(cmd), 1);
 	xio(s, &got, sizeof(got), 0);
 	t0 = now_s();
-	if (stream(&e, IBV_WR_SEND, len, &peer))
+	if (stream(&e, IBV_WR_SEND, len, &peer, NULL))
 		return 1;
 	xio(s, &got, sizeof(got), 0);
 	printf("%s send %zu MiB: %.1f MB/s\n", got == want ? "ok" : "FAIL", mib,
