@@ -63,6 +63,7 @@ struct ursa_engine {
 	uint64_t spin_ns;
 	uint64_t spin_max_ns;	/* URSA_SPIN_MAX_US: the adapted spin's bound */
 	struct ursa_chan *served;  /* channels whose target QP is ours */
+	struct ursa_wreq *snap;	   /* ursa_shm_serve's copy of a request */
 	struct ursa_chan *grave;   /* closed, freed at the next pass */
 	struct ursa_watch *grave_watches;
 };

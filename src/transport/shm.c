@@ -267,6 +267,8 @@ void ursa_shm_engine_fini(struct ursa_engine *e)
 		chan_free(e, c);
 	}
 	ursa_shm_reap(e);
+	free(e->snap);
+	e->snap = NULL;
 }
 
 static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
@@ -1418,7 +1420,7 @@ static void serve_one(struct ursa_chan *c, const struct ursa_wreq *q)
 	struct ursa_wresp *out = c->last_resp;
 	struct ursa_sg sg[URSA_MAX_SGE], slot;
 	struct ursa_req r = { 0 };
-	struct ursa_resp resp;
+	struct ursa_resp resp = { 0 };	/* (the refusals below set two fields) */
 	size_t olen = offsetof(struct ursa_wresp, data);
 	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
 
@@ -1536,6 +1538,12 @@ int ursa_shm_serve(struct ursa_engine *e)
 {
 	int work = 0;
 
+	/* The snapshot of a request (8.8 KB) is the engine's, allocated once
+	 * (the context's lock serializes serving): a thread-local of that size
+	 * came out of every thread's stack (struct txbatch in udp.c). */
+	if (!e->snap && e->served && !(e->snap = malloc(sizeof(*e->snap))))
+		return 0;	/* (the requests wait in their rings) */
+
 	for (struct ursa_chan **pp = &e->served; *pp;) {
 		struct ursa_chan *c = *pp;
 
@@ -1558,12 +1566,12 @@ int ursa_shm_serve(struct ursa_engine *e)
 			/* Snapshot the request: the peer may rewrite the
 			 * slot while we execute it. Header first, then only
 			 * as much inline data as it claims (bounded). */
-			static __thread struct ursa_wreq q;
+			struct ursa_wreq *q = e->snap;
 			const struct ursa_wreq *sq = &c->mem->req[h % URSA_SHM_SLOTS];
 
-			memcpy(&q, sq, offsetof(struct ursa_wreq, data));
-			q.inline_len = MIN(q.inline_len, (uint32_t)URSA_SHM_INLINE);
-			memcpy(q.data, sq->data, q.inline_len);
+			memcpy(q, sq, offsetof(struct ursa_wreq, data));
+			q->inline_len = MIN(q->inline_len, (uint32_t)URSA_SHM_INLINE);
+			memcpy(q->data, sq->data, q->inline_len);
 			atomic_store_explicit(&c->mem->req_head, h + 1,
 					      memory_order_release);
 			/* Our QP's own answers from this peer first: an
@@ -1574,7 +1582,7 @@ int ursa_shm_serve(struct ursa_engine *e)
 
 				ursa_req_process_lazy(c->qp, &now, &d);
 			}
-			serve_one(c, &q);
+			serve_one(c, q);
 			work++;
 		}
 		pp = &c->next;

@@ -950,13 +950,49 @@ struct txrun {
 	struct sockaddr_storage to;
 	char ctl[CMSG_SPACE(sizeof(uint16_t))];
 };
-static __thread struct {
+/*
+ * A thread's batch is allocated when it first sends (about 290 KB), not
+ * a thread-local: the static TLS of a library loaded at start-up is
+ * carved out of every thread's stack, and glibc refused to create threads
+ * with stacks of 256 KiB or less (EINVAL) in a program linked with ursa.
+ * Freed when the thread exits (or, if no thread-specific key could be
+ * made, never). Where it cannot be allocated, packets are not sent
+ * (counted in tx_nomem): to the peer they are lost, and the reliability
+ * rules recover them or end the QP.
+ */
+struct txbatch {
 	int n, fd, nruns;
-	unsigned long added;	/* packets ever added */
 	uint8_t buf[TXB][MAX_PKT];
 	struct iovec iov[TXB];
 	struct txrun run[TXB];
-} txb;
+	struct mmsghdr mm[TXB];	/* (udp_flush's, off the caller's stack) */
+};
+static __thread struct txbatch *txb;
+static __thread unsigned long tx_added;	/* packets ever added by this thread */
+static pthread_key_t txb_key;
+static pthread_once_t txb_once = PTHREAD_ONCE_INIT;
+static bool txb_key_ok;
+
+static void txb_key_init(void)
+{
+	txb_key_ok = !pthread_key_create(&txb_key, free);
+}
+
+static struct txbatch *txb_get(void)
+{
+	if (__builtin_expect(txb != NULL, 1))
+		return txb;
+	pthread_once(&txb_once, txb_key_init);
+	txb = calloc(1, sizeof(*txb));
+	if (txb && txb_key_ok && pthread_setspecific(txb_key, txb)) {
+		free(txb);	/* (it would never be freed) */
+		txb = NULL;
+	}
+	if (!txb && !atomic_fetch_add(&ursa_udp_cnt.tx_nomem, 1))
+		ursa_err("RoCEv2: no memory for a send batch (%zu bytes): packets not sent",
+			 sizeof(*txb));
+	return txb;
+}
 static atomic_int gso_state;	/* 0 unknown, 1 on, -1 off */
 /* This thread's packets and bytes not yet in ursa_udp_cnt: two locked adds
  * a batch instead of a packet. */
@@ -1028,7 +1064,8 @@ static bool icrc_match_v4(size_t ib_len, uint32_t c0, uint32_t got,
 
 static void udp_flush(void)
 {
-	struct mmsghdr mm[TXB];
+	struct txbatch *b = txb;
+	struct mmsghdr *mm;
 	int m = 0, done = 0;
 
 	if (txc_pkts) {
@@ -1036,15 +1073,17 @@ static void udp_flush(void)
 		atomic_fetch_add(&ursa_udp_cnt.tx_bytes, txc_bytes);
 		txc_pkts = txc_bytes = 0;
 	}
-
-	for (; m < txb.nruns; m++) {
-		struct txrun *r = &txb.run[m];
+	if (!b)
+		return;
+	mm = b->mm;
+	for (; m < b->nruns; m++) {
+		struct txrun *r = &b->run[m];
 		struct msghdr *h = &mm[m].msg_hdr;
 
 		memset(&mm[m], 0, sizeof(mm[m]));
 		h->msg_name = &r->to;
 		h->msg_namelen = r->tolen;
-		h->msg_iov = &txb.iov[r->first];
+		h->msg_iov = &b->iov[r->first];
 		h->msg_iovlen = (size_t)r->n;
 		if (r->n > 1) {
 			struct cmsghdr *cm;
@@ -1054,8 +1093,8 @@ static void udp_flush(void)
 				const uint32_t *d = id_basis(r->seg - 4);
 
 				for (int k = 1; k < r->n; k++) {
-					uint8_t *p = txb.buf[r->first + k];
-					size_t l = txb.iov[r->first + k].iov_len;
+					uint8_t *p = b->buf[r->first + k];
+					size_t l = b->iov[r->first + k].iov_len;
 
 					roce_icrc_put(p + l - 4, roce_icrc_get(p + l - 4) ^
 						      (l == r->seg ? basis_delta(d, (unsigned)k) :
@@ -1073,7 +1112,7 @@ static void udp_flush(void)
 		}
 	}
 	while (done < m) {
-		int r = sendmmsg(txb.fd, mm + done, (unsigned)(m - done), 0);
+		int r = sendmmsg(b->fd, mm + done, (unsigned)(m - done), 0);
 
 		if (r <= 0) {
 			ursa_dbg("udp send: %s", strerror(errno));
@@ -1092,7 +1131,7 @@ static void udp_flush(void)
 		}
 		done += r;
 	}
-	txb.n = txb.nruns = 0;
+	b->n = b->nruns = 0;
 }
 
 /*
@@ -1103,11 +1142,11 @@ static void udp_flush(void)
  * a full one: with 1040-byte packets a batch of 64 went as runs of 62
  * and 2, and sending at 62 took 8 % off a 1 MiB WRITE stream's time.
  */
-static bool run_ends_batch(void)
+static bool run_ends_batch(const struct txbatch *b)
 {
-	const struct txrun *r = txb.nruns ? &txb.run[txb.nruns - 1] : NULL;
+	const struct txrun *r = b->nruns ? &b->run[b->nruns - 1] : NULL;
 
-	return r && r->n > 1 && TXB - txb.n < r->n &&
+	return r && r->n > 1 && TXB - b->n < r->n &&
 	       (r->closed || r->n == URSA_GSO_SEGS ||
 		r->bytes + r->seg > GSO_MAX_BYTES);
 }
@@ -1116,32 +1155,39 @@ static bool run_ends_batch(void)
  * send_data_pkt) is not copied again by batch_add. */
 static uint8_t *tx_slot(void)
 {
-	if (txb.n == TXB || run_ends_batch())
+	struct txbatch *b = txb_get();
+
+	if (!b)
+		return NULL;
+	if (b->n == TXB || run_ends_batch(b))
 		udp_flush();
-	return txb.buf[txb.n];
+	return b->buf[b->n];
 }
 
 static bool in_next_slot(const uint8_t *ib)
 {
-	return txb.n < TXB && ib == txb.buf[txb.n];
+	return txb && txb->n < TXB && ib == txb->buf[txb->n];
 }
 
 static void batch_add(int fd, const uint8_t *ib, size_t len,
 		      const struct sockaddr_storage *to, socklen_t tolen)
 {
+	struct txbatch *b = txb_get();
 	struct txrun *r;
 	int i;
 
-	if (txb.n && (txb.fd != fd || txb.n == TXB || run_ends_batch()))
+	if (!b)
+		return;
+	if (b->n && (b->fd != fd || b->n == TXB || run_ends_batch(b)))
 		udp_flush();
-	i = txb.n++;
-	txb.added++;
-	txb.fd = fd;
-	if (ib != txb.buf[i])
-		memcpy(txb.buf[i], ib, len);
-	txb.iov[i].iov_base = txb.buf[i];
-	txb.iov[i].iov_len = len;
-	r = txb.nruns ? &txb.run[txb.nruns - 1] : NULL;
+	i = b->n++;
+	tx_added++;
+	b->fd = fd;
+	if (ib != b->buf[i])
+		memcpy(b->buf[i], ib, len);
+	b->iov[i].iov_base = b->buf[i];
+	b->iov[i].iov_len = len;
+	r = b->nruns ? &b->run[b->nruns - 1] : NULL;
 	if (r && gso_on() && !r->closed && len <= r->seg &&
 	    r->n < URSA_GSO_SEGS && r->bytes + len <= GSO_MAX_BYTES &&
 	    tolen == r->tolen && !memcmp(to, &r->to, tolen)) {
@@ -1150,7 +1196,7 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 		r->closed = len < r->seg;
 		return;
 	}
-	r = &txb.run[txb.nruns++];
+	r = &b->run[b->nruns++];
 	r->first = i;
 	r->n = 1;
 	r->bytes = r->seg = len;
@@ -1756,7 +1802,8 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 			  const struct ursa_req *r, const struct ursa_send_wqe *w,
 			  uint32_t k, const addr_t *src, const addr_t *dst)
 {
-	/* built where the batch will send it from: one copy, from the MR */
+	/* built where the batch will send it from: one copy, from the MR
+	 * (none: not sent, see struct txbatch) */
 	uint8_t *buf = tx_slot();
 	struct roce_pkt p = { 0 };
 	uint64_t off = (uint64_t)k * u->m.mtu;
@@ -1767,6 +1814,8 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	uint8_t *pay, ttl;
 	int n;
 
+	if (!buf)
+		return;
 	if (r->msg_len == 0)
 		len = 0;
 	p.opcode = (uint8_t)(transport_bits(qp) | req_opcode(r->opcode, first, last, false));
@@ -2162,7 +2211,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		return 1;
 	}
 	pthread_mutex_lock(&u->lock);
-	batch0 = txb.added;
+	batch0 = tx_added;
 	*until = UINT64_MAX;
 	if (u->pipe_n && PIPE(u, 0)->wqe == w) {
 		/* the oldest message in flight: done, or taken back */
@@ -2337,7 +2386,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	}
 	*until = MIN(u->m.deadline, u->m.rto);
 out:
-	if (u->ack_owed && txb.added != batch0)
+	if (u->ack_owed && tx_added != batch0)
 		ack_emit(u, true);	/* after what we sent (tx) */
 	w->inflight = ret == 0;
 	/* The engine and ursa_req_pending read the wait's end here: left
@@ -2552,6 +2601,8 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 		struct ursa_sg d;
 		int b;
 
+		if (!buf)
+			return;	/* (the requester asks again) */
 		if (!p->dmalen)
 			len = 0;
 		o.opcode = (uint8_t)(ROCE_RC | (n == 1 ? OP_READ_RESP_ONLY :
@@ -3151,7 +3202,8 @@ void ursa_udp_atfork_child(void)
 	socks_close();
 	U.users = 0;
 	U.held_len = 0;
-	txb.n = 0;		/* the parent's packets */
+	if (txb)		/* the parent's packets */
+		txb->n = txb->nruns = 0;
 	delay_n = 0;
 }
 

@@ -100,6 +100,7 @@ struct ursa_udp_counters {
 	atomic_uint_fast64_t fault_delay;
 	atomic_uint_fast64_t tx_gso, rx_gro, rx_ipid;
 	atomic_uint_fast64_t acks_held, acks_alone, reqs_held;
+	atomic_uint_fast64_t tx_nomem;	/* packets not sent: no send batch */
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

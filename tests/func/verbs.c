@@ -37,6 +37,46 @@ static int test_device_list(void)
 	return TEST_RESULT();
 }
 
+/* A thread with a small stack (here PTHREAD_STACK_MIN and 64 KiB) can be
+ * created and use verbs: a library's static thread-locals are carved out
+ * of every thread's stack, and ursa's once made glibc refuse such threads
+ * (EINVAL) in any program linked with it. */
+static void *small_stack_verbs(void *arg)
+{
+	struct ibv_device **l = ibv_get_device_list(NULL);
+	struct ibv_context *c = l && l[0] ? ibv_open_device(l[0]) : NULL;
+	struct ibv_pd *pd = c ? ibv_alloc_pd(c) : NULL;
+	intptr_t ok = pd != NULL;
+
+	(void)arg;
+	if (pd)
+		ibv_dealloc_pd(pd);
+	if (c)
+		ibv_close_device(c);
+	if (l)
+		ibv_free_device_list(l);
+	return (void *)ok;
+}
+
+static int test_small_stack_threads(void)
+{
+	const size_t sizes[] = { PTHREAD_STACK_MIN, 64 * 1024 };
+
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		pthread_attr_t a;
+		pthread_t t;
+		void *ok = NULL;
+
+		pthread_attr_init(&a);
+		REQUIRE(!pthread_attr_setstacksize(&a, sizes[i]));
+		EXPECT_EQ(pthread_create(&t, &a, small_stack_verbs, NULL), 0);
+		pthread_attr_destroy(&a);
+		if (!pthread_join(t, &ok))
+			EXPECT_TRUE(ok != NULL);
+	}
+	return TEST_RESULT();
+}
+
 static int test_device_name_env(void)
 {
 	struct ibv_device **l;
@@ -1121,6 +1161,7 @@ static int test_engine_sleeps(void)
 
 static const struct test tests[] = {
 	TEST_ENTRY(device_list, "ibv_get_device_list and friends"),
+	TEST_ENTRY(small_stack_threads, "threads with 16 and 64 KiB stacks are created and use verbs"),
 	TEST_ENTRY(device_name_env, "URSA_DEVICE_NAME renames the device"),
 	TEST_ENTRY(query_device, "device limits and query_device_ex"),
 	TEST_ENTRY(query_port_gid_pkey, "port, GID table, P_Key"),
