@@ -973,9 +973,17 @@ static pthread_key_t txb_key;
 static pthread_once_t txb_once = PTHREAD_ONCE_INIT;
 static bool txb_key_ok;
 
+/* At the thread's exit; a destructor that runs after it in the same
+ * thread and sends finds no batch, not a freed one. */
+static void txb_free(void *b)
+{
+	free(b);
+	txb = NULL;
+}
+
 static void txb_key_init(void)
 {
-	txb_key_ok = !pthread_key_create(&txb_key, free);
+	txb_key_ok = !pthread_key_create(&txb_key, txb_free);
 }
 
 static struct txbatch *txb_get(void)
@@ -2874,11 +2882,11 @@ static void run_held(struct ursa_qp *qp, struct ursa_uqp *u)
 }
 
 /* seg: the packet's place in a coalesced run (UDP_GRO), 0 if alone: the
- * IPv4 ID it most likely left with (udp_flush), tried first. */
-/* run_qp (NULL: none): the QP the packets of one received datagram were
- * for so far, with the reference its lookup took, which the caller drops
- * after the datagram; a coalesced run's packets are for one QP (the sender
- * sends them from its socket), so the lookup is made once per run. */
+ * IPv4 ID it most likely left with (udp_flush), tried first. run_qp (NULL:
+ * none): the QP the packets of one received datagram were for so far,
+ * with the reference its lookup took, which the caller drops after the
+ * datagram; a coalesced run's packets are for one QP (the sender sends
+ * them from its socket), so the lookup is made once per run. */
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		      uint16_t sport, const addr_t *dst, bool forwarded,
 		      unsigned seg, struct ursa_qp **run_qp)
