@@ -183,6 +183,13 @@ struct ursa_uqp {
 		uint32_t hiwat;	/* packets ever sent (beyond: first sends) */
 		struct ursa_sg dst[URSA_MAX_SGE];
 		uint32_t ndst;
+		/* What the message's MIDDLE packets share (send_mid) */
+		bool mid_ok;
+		uint8_t mid_op;
+		uint32_t mid_reg;	/* ICRC register after the BTH's 8th byte */
+		int mid_fd;
+		socklen_t mid_tolen;
+		struct sockaddr_storage mid_to;
 	} m;
 	/* requester: messages sent whole before m and waiting for their ACK,
 	 * oldest first (pipelining: ursa_udp_can_start) */
@@ -2182,16 +2189,93 @@ bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 	       u->m.resend_read || window_open(u);
 }
 
+/*
+ * A MIDDLE packet (RC, UC) by the short way, most of a stream: what the
+ * message's MIDDLE packets share is worked out at the first (u->m.mid_*:
+ * opcode, socket, destination, and the ICRC's register up to the BTH's
+ * AckReq byte, since only that byte and the PSN differ), and each packet
+ * then costs its BTH, four bytes of CRC, the payload's copy with its CRC
+ * and its place in the batch. Not taken while faults are injected or a
+ * capture is written (tx_one does those), nor where the SGEs do not fill
+ * the packet. Returns whether the packet was sent (or, with no batch,
+ * lost as tx_one would lose it); false: send it the long way.
+ */
+static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
+		     const struct ursa_req *r, uint32_t k, const addr_t *src,
+		     const addr_t *dst)
+{
+	uint32_t mtu = u->m.mtu, np, got = 0;
+	size_t n = ROCE_BTH_LEN + mtu + ROCE_ICRC_LEN;
+	struct ursa_sg part[URSA_MAX_SGE];
+	uint8_t *buf, *at;
+	uint32_t reg;
+	bool ackreq;
+
+	if (U.loss | U.dup | U.reorder | U.corrupt || U.pcap || U.held_len)
+		return false;
+	np = ursa_sg_slice(r->src, r->nsrc, (uint64_t)k * mtu, mtu, part);
+	for (uint32_t i = 0; i < np; i++)
+		got += (uint32_t)part[i].len;
+	if (got != mtu)
+		return false;
+	if (!u->m.mid_ok) {
+		uint8_t bth[ROCE_BTH_LEN];
+		uint32_t dqpn = qp->attr.dest_qp_num;
+
+		if (is_v4(src) != is_v4(dst) ||
+		    (u->m.mid_fd = is_v4(dst) ? u->txfd : u->txfd6) < 0)
+			return false;
+		u->m.mid_op = (uint8_t)(transport_bits(qp) |
+					req_opcode(r->opcode, false, false, false));
+		u->m.mid_tolen = to_sockaddr(dst, U.port, &u->m.mid_to);
+		roce_bth_put(bth, u->m.mid_op, false, false, 0,
+			     ROCE_DEFAULT_PKEY, dqpn, false, 0);
+		bth[4] = 0xff;	/* masked in the ICRC: FECN, BECN, reserved */
+		u->m.mid_reg = roce_crc32_raw(icrc_pfx(&u->pfx, src, dst,
+						       u->sport, U.port, n),
+					      bth, 8);
+		u->m.mid_ok = true;
+	}
+	buf = tx_slot();
+	if (buf) {
+		/* (as send_data_pkt asks for ACKs) */
+		ackreq = qp->ex.qp_base.qp_type == IBV_QPT_RC &&
+			 (k % ACKREQ_EVERY == ACKREQ_EVERY - 1 ||
+			  k + 1 == u->m.acked + u->cwnd);
+		roce_bth_put(buf, u->m.mid_op, false, false, 0,
+			     ROCE_DEFAULT_PKEY, qp->attr.dest_qp_num, ackreq,
+			     psn_add(u->m.first, k));
+		reg = roce_crc32_raw(u->m.mid_reg, buf + 8, 4);
+		at = buf + ROCE_BTH_LEN;
+		for (uint32_t i = 0; i < np; i++) {
+			reg = roce_crc32_copy(reg, at,
+					      (const void *)(uintptr_t)part[i].va,
+					      part[i].len);
+			at += part[i].len;
+		}
+		roce_icrc_put(at, ~reg);
+		batch_add(u->m.mid_fd, buf, n, &u->m.mid_to, u->m.mid_tolen);
+	}
+	ursa_cnt_add(&qp->cnt.pkts_tx, 1);	/* (under u->lock) */
+	txc_pkts++;
+	txc_bytes += n;
+	return true;
+}
+
 static void send_more(struct ursa_qp *qp, struct ursa_uqp *u,
 		      const struct ursa_req *r, struct ursa_send_wqe *w,
 		      const addr_t *src, const addr_t *dst, uint64_t now)
 {
 	while (window_open(u)) {
-		if (u->m.sent >= u->m.hiwat) {
-			rtt_start(u, u->m.sent, now);
-			u->m.hiwat = u->m.sent + 1;
+		uint32_t k = u->m.sent;
+
+		if (k >= u->m.hiwat) {
+			rtt_start(u, k, now);
+			u->m.hiwat = k + 1;
 		}
-		send_data_pkt(qp, u, r, w, u->m.sent, src, dst);
+		if (k == 0 || k + 1 >= u->m.npkts || u->m.is_read ||
+		    !send_mid(qp, u, r, k, src, dst))
+			send_data_pkt(qp, u, r, w, k, src, dst);
 		u->m.sent++;
 	}
 }

@@ -160,7 +160,7 @@ static void ep_open(struct ep *e, size_t len, const char *ip)
 	ia.send_cq = ia.recv_cq = e->cq;
 	ia.qp_type = IBV_QPT_RC;
 	ia.cap.max_send_wr = ia.cap.max_recv_wr = 512;
-	ia.cap.max_send_sge = 3;
+	ia.cap.max_send_sge = 4;
 	ia.cap.max_recv_sge = 1;
 	e->qp = ibv_create_qp(e->pd, &ia);
 	if (!e->mr || !e->qp)
@@ -226,14 +226,16 @@ static struct ibv_wc wait1(struct ep *e)
 	return wc;
 }
 
-/* A WRITE or SEND of 2 KiB or more gathers its bytes from three pieces of
- * odd sizes (1001, 7, the rest): the first packets each take parts of
- * several, which the sender copies and checksums piece by piece. */
+/* A WRITE or SEND of 2 KiB or more gathers its bytes from pieces of odd
+ * sizes (1001, 7, the rest; from 16 KiB on 1001, 7, 9000, the rest): the
+ * first packet takes parts of three, and a MIDDLE packet (the sender's
+ * short way, send_mid) parts of two, which the sender copies and
+ * checksums piece by piece. */
 static void post(struct ep *e, enum ibv_wr_opcode op, uint64_t off,
 		 uint32_t len, uint64_t raddr, uint32_t rkey, uint64_t id)
 {
 	uintptr_t a = (uintptr_t)e->buf + off;
-	struct ibv_sge s[3] = { { a, len, e->mr->lkey } };
+	struct ibv_sge s[4] = { { a, len, e->mr->lkey } };
 	struct ibv_send_wr wr = { .wr_id = id, .sg_list = s, .num_sge = 1,
 				  .opcode = op, .send_flags = IBV_SEND_SIGNALED };
 	struct ibv_send_wr *bad;
@@ -243,6 +245,12 @@ static void post(struct ep *e, enum ibv_wr_opcode op, uint64_t off,
 		s[1] = (struct ibv_sge){ a + 1001, 7, e->mr->lkey };
 		s[2] = (struct ibv_sge){ a + 1008, len - 1008, e->mr->lkey };
 		wr.num_sge = 3;
+		if (len >= 16384) {
+			s[2].length = 9000;
+			s[3] = (struct ibv_sge){ a + 10008, len - 10008,
+						 e->mr->lkey };
+			wr.num_sge = 4;
+		}
 	}
 
 	wr.wr.rdma.remote_addr = raddr;
