@@ -130,6 +130,8 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 uint32_t roce_crc32_raw(uint32_t reg, const uint8_t *p, size_t n);
 /* The same by tables only (the tests compare the two). */
 uint32_t roce_crc32_raw_table(uint32_t reg, const uint8_t *p, size_t n);
+/* Four bytes by one table step, once any call above has returned */
+uint32_t roce_crc32_4(uint32_t reg, const uint8_t p[4]);
 void roce_crc32_wide(bool on);	/* tests: 256-bit method off/on */
 /* memcpy(dst, src, n) and roce_crc32_raw(reg, dst, n) in one pass */
 uint32_t roce_crc32_copy(uint32_t reg, void *dst, const void *src, size_t n);

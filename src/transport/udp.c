@@ -185,6 +185,7 @@ struct ursa_uqp {
 		uint32_t ndst;
 		/* What the message's MIDDLE packets share (send_mid) */
 		bool mid_ok;
+		uint64_t mid_tag;	/* (struct txrun) */
 		uint8_t mid_op;
 		uint32_t mid_reg;	/* ICRC register after the BTH's 8th byte */
 		int mid_fd;
@@ -953,6 +954,7 @@ struct txrun {
 	int first, n;		/* its packets: first .. first + n - 1 */
 	size_t bytes, seg;
 	bool closed;
+	uint64_t tag;		/* send_mid's message whose destination it has */
 	socklen_t tolen;
 	struct sockaddr_storage to;
 	char ctl[CMSG_SPACE(sizeof(uint16_t))];
@@ -1216,6 +1218,7 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 	r->n = 1;
 	r->bytes = r->seg = len;
 	r->closed = false;
+	r->tag = 0;
 	r->tolen = tolen;
 	memcpy(&r->to, to, tolen);
 }
@@ -2200,6 +2203,8 @@ bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
  * the packet. Returns whether the packet was sent (or, with no batch,
  * lost as tx_one would lose it); false: send it the long way.
  */
+static atomic_uint_fast64_t mid_tags;	/* the last u->m.mid_tag given */
+
 static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
 		     const struct ursa_req *r, uint32_t k, const addr_t *src,
 		     const addr_t *dst)
@@ -2234,10 +2239,15 @@ static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
 		u->m.mid_reg = roce_crc32_raw(icrc_pfx(&u->pfx, src, dst,
 						       u->sport, U.port, n),
 					      bth, 8);
+		u->m.mid_tag = atomic_fetch_add_explicit(&mid_tags, 1,
+							 memory_order_relaxed) + 1;
 		u->m.mid_ok = true;
 	}
 	buf = tx_slot();
 	if (buf) {
+		struct txbatch *b = txb;
+		struct txrun *run = b->nruns ? &b->run[b->nruns - 1] : NULL;
+
 		/* (as send_data_pkt asks for ACKs) */
 		ackreq = qp->ex.qp_base.qp_type == IBV_QPT_RC &&
 			 (k % ACKREQ_EVERY == ACKREQ_EVERY - 1 ||
@@ -2245,7 +2255,7 @@ static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
 		roce_bth_put(buf, u->m.mid_op, false, false, 0,
 			     ROCE_DEFAULT_PKEY, qp->attr.dest_qp_num, ackreq,
 			     psn_add(u->m.first, k));
-		reg = roce_crc32_raw(u->m.mid_reg, buf + 8, 4);
+		reg = roce_crc32_4(u->m.mid_reg, buf + 8);
 		at = buf + ROCE_BTH_LEN;
 		for (uint32_t i = 0; i < np; i++) {
 			reg = roce_crc32_copy(reg, at,
@@ -2254,7 +2264,22 @@ static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
 			at += part[i].len;
 		}
 		roce_icrc_put(at, ~reg);
-		batch_add(u->m.mid_fd, buf, n, &u->m.mid_to, u->m.mid_tolen);
+		if (run && run->tag == u->m.mid_tag && b->fd == u->m.mid_fd &&
+		    !run->closed && run->seg == n && run->n < URSA_GSO_SEGS &&
+		    run->bytes + n <= GSO_MAX_BYTES) {
+			/* the open run is this message's: one more (as
+			 * batch_add would, without comparing addresses) */
+			b->iov[b->n] = (struct iovec){ buf, n };
+			b->n++;
+			tx_added++;
+			run->n++;
+			run->bytes += n;
+		} else {
+			batch_add(u->m.mid_fd, buf, n, &u->m.mid_to,
+				  u->m.mid_tolen);
+			if (b->nruns && gso_on()) /* (its run: that address) */
+				b->run[b->nruns - 1].tag = u->m.mid_tag;
+		}
 	}
 	ursa_cnt_add(&qp->cnt.pkts_tx, 1);	/* (under u->lock) */
 	txc_pkts++;

@@ -81,7 +81,8 @@ static int test_icrc_v4_id_delta(void)
 }
 
 /* Every length and offset: the carry-less multiplication paths (those
- * the CPU has: 128-bit, then 256-bit) agree with the tables. */
+ * the CPU has: 128-bit, then 256-bit) and the 4-byte step agree with the
+ * tables. */
 static int test_crc_methods_agree(void)
 {
 	static uint8_t buf[4200 + 16];
@@ -99,6 +100,13 @@ static int test_crc_methods_agree(void)
 				    roce_crc32_raw_table(reg, buf + off, n))
 					bad[wide]++;
 			}
+	}
+	for (size_t off = 0; off + 4 <= sizeof(buf); off += 7) {
+		uint32_t reg = (uint32_t)(off * 2654435761u);
+
+		if (roce_crc32_4(reg, buf + off) !=
+		    roce_crc32_raw_table(reg, buf + off, 4))
+			bad[0]++;
 	}
 	EXPECT_EQ(bad[0], 0);
 	EXPECT_EQ(bad[1], 0);
