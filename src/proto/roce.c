@@ -372,20 +372,33 @@ static uint32_t crc_clmul(uint32_t reg, const uint8_t *p, size_t n)
 }
 
 /* The eight 128-bit lanes of the wide loop's four registers, in the
- * order of their bytes, folded into one. */
+ * order of their bytes (y1's two, then y2's, ...), folded into one as a
+ * tree: y1 onto y3 and y2 onto y4 (64 bytes apart) at once, the two
+ * results onto each other (32 bytes), then the last two lanes (16). Four
+ * dependent folds instead of seven one after another: the merge had been
+ * as long as the loop for a 1 KiB packet. The constants are x^(8d+32)
+ * and x^(8d-32) mod P, bit-reflected, for the distance of d bytes. */
+__attribute__((target("pclmul,sse4.1,avx2,vpclmulqdq"), always_inline))
+static inline __m256i fold256(__m256i y, __m256i k, __m256i next)
+{
+	__m256i h = _mm256_clmulepi64_epi128(y, k, 0x11);
+
+	return _mm256_xor_si256(_mm256_xor_si256(
+		_mm256_clmulepi64_epi128(y, k, 0x00), h), next);
+}
+
 __attribute__((target("pclmul,sse4.1,avx2,vpclmulqdq"), always_inline))
 static inline __m128i lanes_merge(__m256i y1, __m256i y2, __m256i y3, __m256i y4)
 {
+	const __m256i k64 = _mm256_set_epi64x(0x1c6e41596ll, 0x154442bd4ll,
+					      0x1c6e41596ll, 0x154442bd4ll);
+	const __m256i k32 = _mm256_set_epi64x(0x15a546366ll, 0x0f1da05aall,
+					      0x15a546366ll, 0x0f1da05aall);
 	const __m128i k3k4 = K3K4;
-	__m128i x1 = _mm256_castsi256_si128(y1);
+	__m256i y = fold256(fold256(y1, k64, y3), k32, fold256(y2, k64, y4));
+	__m128i x1 = _mm256_castsi256_si128(y);
 
-	FOLD(x1, k3k4, _mm256_extracti128_si256(y1, 1));
-	FOLD(x1, k3k4, _mm256_castsi256_si128(y2));
-	FOLD(x1, k3k4, _mm256_extracti128_si256(y2, 1));
-	FOLD(x1, k3k4, _mm256_castsi256_si128(y3));
-	FOLD(x1, k3k4, _mm256_extracti128_si256(y3, 1));
-	FOLD(x1, k3k4, _mm256_castsi256_si128(y4));
-	FOLD(x1, k3k4, _mm256_extracti128_si256(y4, 1));
+	FOLD(x1, k3k4, _mm256_extracti128_si256(y, 1));
 	return x1;
 }
 
@@ -420,10 +433,9 @@ static inline uint32_t vclmul(uint32_t reg, uint8_t *dst, const uint8_t *p,
 	} while (0)
 #define FOLD256(y, i)                                                      \
 	do {                                                               \
-		__m256i d, h = _mm256_clmulepi64_epi128(y, kk, 0x11);      \
+		__m256i d;                                                 \
 		LOAD(d, i);                                                \
-		y = _mm256_xor_si256(_mm256_xor_si256(                     \
-			_mm256_clmulepi64_epi128(y, kk, 0x00), h), d);     \
+		y = fold256(y, kk, d);                                     \
 	} while (0)
 	LOAD(y1, 0);
 	LOAD(y2, 1);
