@@ -524,6 +524,8 @@ uint32_t roce_crc32_copy(uint32_t reg, void *dst, const void *src, size_t n)
 		n -= k;
 	}
 #endif
+	if (!n)		/* (a whole MTU of payload ends here) */
+		return reg;
 	memcpy(dst, src, n);
 	return roce_crc32_raw(reg, dst, n);
 }

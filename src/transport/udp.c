@@ -1108,13 +1108,18 @@ static void udp_flush(void)
 
 			if (r->to.ss_family == AF_INET) {
 				const uint32_t *d = id_basis(r->seg - 4);
+				uint32_t dk[URSA_GSO_SEGS];
 
+				/* the deltas of IDs 0..n-1, one xor each */
+				dk[0] = 0;
+				for (int k = 1; k < r->n; k++)
+					dk[k] = dk[k & (k - 1)] ^ d[__builtin_ctz((unsigned)k)];
 				for (int k = 1; k < r->n; k++) {
 					uint8_t *p = b->buf[r->first + k];
 					size_t l = b->iov[r->first + k].iov_len;
 
 					roce_icrc_put(p + l - 4, roce_icrc_get(p + l - 4) ^
-						      (l == r->seg ? basis_delta(d, (unsigned)k) :
+						      (l == r->seg ? dk[k] :
 								     id_delta(l - 4, (unsigned)k)));
 				}
 			}
