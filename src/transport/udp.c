@@ -971,10 +971,12 @@ struct txrun {
  */
 struct txbatch {
 	int n, fd, nruns;
-	uint8_t buf[TXB][MAX_PKT];
-	struct iovec iov[TXB];
+	size_t used;		/* bytes of buf taken */
+	struct iovec pkt[TXB];	/* the packets, back to back in buf */
 	struct txrun run[TXB];
-	struct mmsghdr mm[TXB];	/* (udp_flush's, off the caller's stack) */
+	struct iovec riov[TXB];	/* (udp_flush's, off the caller's stack) */
+	struct mmsghdr mm[TXB];	/* (the same) */
+	uint8_t buf[TXB * MAX_PKT];
 };
 static __thread struct txbatch *txb;
 static __thread unsigned long tx_added;	/* packets ever added by this thread */
@@ -1100,8 +1102,13 @@ static void udp_flush(void)
 		memset(&mm[m], 0, sizeof(mm[m]));
 		h->msg_name = &r->to;
 		h->msg_namelen = r->tolen;
-		h->msg_iov = &b->iov[r->first];
-		h->msg_iovlen = (size_t)r->n;
+		/* A run's packets lie back to back: one piece for the
+		 * kernel to copy. Given as one piece per packet, the copy
+		 * into the socket had taken twice the time (a raw UDP GSO
+		 * stream of 62 x 1040 bytes: 3.5 against 6.9 GB/s). */
+		b->riov[m] = (struct iovec){ b->pkt[r->first].iov_base, r->bytes };
+		h->msg_iov = &b->riov[m];
+		h->msg_iovlen = 1;
 		if (r->n > 1) {
 			struct cmsghdr *cm;
 			uint16_t gs = (uint16_t)r->seg;
@@ -1115,8 +1122,8 @@ static void udp_flush(void)
 				for (int k = 1; k < r->n; k++)
 					dk[k] = dk[k & (k - 1)] ^ d[__builtin_ctz((unsigned)k)];
 				for (int k = 1; k < r->n; k++) {
-					uint8_t *p = b->buf[r->first + k];
-					size_t l = b->iov[r->first + k].iov_len;
+					uint8_t *p = b->pkt[r->first + k].iov_base;
+					size_t l = b->pkt[r->first + k].iov_len;
 
 					roce_icrc_put(p + l - 4, roce_icrc_get(p + l - 4) ^
 						      (l == r->seg ? dk[k] :
@@ -1154,6 +1161,7 @@ static void udp_flush(void)
 		done += r;
 	}
 	b->n = b->nruns = 0;
+	b->used = 0;
 }
 
 /*
@@ -1181,14 +1189,14 @@ static uint8_t *tx_slot(void)
 
 	if (!b)
 		return NULL;
-	if (b->n == TXB || run_ends_batch(b))
+	if (b->n == TXB || run_ends_batch(b) || b->used > sizeof(b->buf) - MAX_PKT)
 		udp_flush();
-	return b->buf[b->n];
+	return b->buf + b->used;
 }
 
 static bool in_next_slot(const uint8_t *ib)
 {
-	return txb && txb->n < TXB && ib == txb->buf[txb->n];
+	return txb && txb->n < TXB && ib == txb->buf + txb->used;
 }
 
 static void batch_add(int fd, const uint8_t *ib, size_t len,
@@ -1200,15 +1208,16 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 
 	if (!b)
 		return;
-	if (b->n && (b->fd != fd || b->n == TXB || run_ends_batch(b)))
+	if (b->n && (b->fd != fd || b->n == TXB || run_ends_batch(b) ||
+		     b->used > sizeof(b->buf) - len))
 		udp_flush();
 	i = b->n++;
 	tx_added++;
 	b->fd = fd;
-	if (ib != b->buf[i])
-		memcpy(b->buf[i], ib, len);
-	b->iov[i].iov_base = b->buf[i];
-	b->iov[i].iov_len = len;
+	if (ib != b->buf + b->used)	/* (built in a slot a flush moved) */
+		memmove(b->buf + b->used, ib, len);
+	b->pkt[i] = (struct iovec){ b->buf + b->used, len };
+	b->used += len;
 	r = b->nruns ? &b->run[b->nruns - 1] : NULL;
 	if (r && gso_on() && !r->closed && len <= r->seg &&
 	    r->n < URSA_GSO_SEGS && r->bytes + len <= GSO_MAX_BYTES &&
@@ -2274,8 +2283,9 @@ static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
 		    run->bytes + n <= GSO_MAX_BYTES) {
 			/* the open run is this message's: one more (as
 			 * batch_add would, without comparing addresses) */
-			b->iov[b->n] = (struct iovec){ buf, n };
+			b->pkt[b->n] = (struct iovec){ buf, n };
 			b->n++;
+			b->used += n;
 			tx_added++;
 			run->n++;
 			run->bytes += n;
