@@ -2215,7 +2215,7 @@ bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
  * and its place in the batch. Not taken while faults are injected or a
  * capture is written (tx_one does those), nor where the SGEs do not fill
  * the packet. Returns whether the packet was sent (or, with no batch,
- * lost as tx_one would lose it); false: send it the long way.
+ * lost as send_data_pkt would lose it); false: send it the long way.
  */
 static atomic_uint_fast64_t mid_tags;	/* the last u->m.mid_tag given */
 
@@ -2295,10 +2295,10 @@ static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
 			if (b->nruns && gso_on()) /* (its run: that address) */
 				b->run[b->nruns - 1].tag = u->m.mid_tag;
 		}
+		ursa_cnt_add(&qp->cnt.pkts_tx, 1);	/* (under u->lock) */
+		txc_pkts++;
+		txc_bytes += n;
 	}
-	ursa_cnt_add(&qp->cnt.pkts_tx, 1);	/* (under u->lock) */
-	txc_pkts++;
-	txc_bytes += n;
 	return true;
 }
 
