@@ -159,6 +159,7 @@ struct ursa_uqp {
 	uint64_t srtt, rttvar;	/* round-trip estimate, ns (0: none yet) */
 	unsigned backoff;	/* early retransmissions with no progress */
 	struct pfx_cache pfx;	/* of our data packets (send_data_pkt) */
+	struct pfx_cache rpfx;	/* of our READ responses (on_read_req) */
 	/* Window in packets: halved by every go-back, grown as acknowledged
 	 * (window_grow). Go-back-N resends everything in flight, so a full
 	 * 256-packet window under 5 % loss resent about 12 packets per
@@ -2766,9 +2767,20 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 		o.syndrome = AETH_ACK | AETH_CREDIT_INVALID;
 		o.msn = u->msn;
 		b = roce_build(buf, MAX_PKT, &o, data, len);
-		if (b > 0)
-			tx(u, me, peer, buf, (size_t)b,
-			   qp->attr.ah_attr.grh.hop_limit, false);
+		if (b <= 0)
+			continue;
+		if (is_v4(me) == is_v4(peer)) {	/* (else tx sends nothing) */
+			/* the headers' part of the ICRC from the cache, as
+			 * for our requests (send_data_pkt) */
+			uint32_t pfx = icrc_pfx(&u->rpfx, me, peer, u->sport,
+						U.port, (size_t)b);
+
+			roce_icrc_put(buf + b - 4,
+				      roce_icrc_fill_from(pfx, buf, (size_t)b - 4,
+							  (size_t)b - 4, NULL, 0));
+		}
+		tx(u, me, peer, buf, (size_t)b, qp->attr.ah_attr.grh.hop_limit,
+		   true);
 	}
 }
 
