@@ -186,6 +186,14 @@ int ursa_xfer(const struct ursa_sg *dst, uint32_t ndst, bool dst_remote,
 
 	if (!len)
 		return 0;
+	if (!dst_remote && !src_remote && ndst == 1 && nsrc == 1 &&
+	    skip < dst[0].len && len <= dst[0].len - skip && len <= src[0].len) {
+		/* one piece each (a RoCEv2 packet's payload into its MR):
+		 * what ursa_sg_copy would do, without the walk */
+		ursa_copy_ordered((uint8_t *)(uintptr_t)(dst[0].va + skip),
+				  (const uint8_t *)(uintptr_t)src[0].va, len);
+		return 0;
+	}
 	if (!dst_remote && !src_remote) {
 		struct ursa_sg d[URSA_MAX_SGE + 1];
 		uint32_t k = 0;

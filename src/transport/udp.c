@@ -1062,23 +1062,33 @@ static uint32_t id_delta(size_t ib_len, unsigned id)
 	return basis_delta(id_basis(ib_len), id);
 }
 
+/* The deltas of IDs 0..n-1 (n <= 64) from the basis, one xor each. */
+static void id_deltas(const uint32_t *d, int n, uint32_t *dk)
+{
+	dk[0] = 0;
+	for (int k = 1; k < n; k++)
+		dk[k] = dk[k & (k - 1)] ^ d[__builtin_ctz((unsigned)k)];
+}
+
 /* Does a received ICRC match for one of the IDs a GSO sender uses? got is
  * the packet's ICRC, c0 the one computed with ID 0. The likely ID (the
- * packet's place in its run) first; then all, in Gray code order: each
- * step changes one bit, so one xor. */
+ * packet's place in its run) first, then all, from a table of the deltas
+ * for the last length (the receive path's: every caller holds U.rx). */
 static bool icrc_match_v4(size_t ib_len, uint32_t c0, uint32_t got,
 			  unsigned likely)
 {
-	const uint32_t *d = id_basis(ib_len);
-	uint32_t x = c0 ^ got, y = 0;
+	static struct { size_t len; uint32_t dk[URSA_GSO_SEGS]; } ids;
+	uint32_t x = c0 ^ got;
 
-	if (likely && likely < URSA_GSO_SEGS && x == id_delta(ib_len, likely))
-		return true;
-	for (unsigned i = 1; i < URSA_GSO_SEGS; i++) {
-		y ^= d[__builtin_ctz(i)];	/* gray(i) = gray(i-1) ^ lowest bit of i */
-		if (y == x)
-			return true;
+	if (ids.len != ib_len) {
+		id_deltas(id_basis(ib_len), URSA_GSO_SEGS, ids.dk);
+		ids.len = ib_len;
 	}
+	if (likely < URSA_GSO_SEGS && x == ids.dk[likely])
+		return true;
+	for (unsigned i = 1; i < URSA_GSO_SEGS; i++)
+		if (x == ids.dk[i])
+			return true;
 	return false;
 }
 
@@ -1118,10 +1128,7 @@ static void udp_flush(void)
 				const uint32_t *d = id_basis(r->seg - 4);
 				uint32_t dk[URSA_GSO_SEGS];
 
-				/* the deltas of IDs 0..n-1, one xor each */
-				dk[0] = 0;
-				for (int k = 1; k < r->n; k++)
-					dk[k] = dk[k & (k - 1)] ^ d[__builtin_ctz((unsigned)k)];
+				id_deltas(d, r->n, dk);
 				for (int k = 1; k < r->n; k++) {
 					uint8_t *p = b->pkt[r->first + k].iov_base;
 					size_t l = b->pkt[r->first + k].iov_len;
