@@ -606,11 +606,11 @@ int main(int argc, char **argv)
 	if (csv)
 		fprintf(csv, "lat,fadd,8,1,%.3f,us,%.3f,%.3f\n", m, 2 * pm, m / (2 * pm));
 
-	/* The first pass through the target's pages: the requester's first
-	 * touch of each page of its new mapping of them (shmap.h) costs a
-	 * page fault, even though the mapping was populated - on this VM
-	 * about 12 us a page (docs/performance.md, "Same host") - once per
-	 * MR and channel. Measured here, once, over the whole MR; the loop
+	/* The first pass through the target's pages: on this VM the
+	 * requester's first touch of each page of its new mapping of them
+	 * (shmap.h) costs about 12 us, even though the mapping was
+	 * populated (docs/design.md, "Requests and answers"), once per MR
+	 * and channel. Measured here, once, over the whole MR; the loop
 	 * below then measures the steady state, as memcpy_gbs measures its
 	 * buffers after touching them. */
 	{
