@@ -1092,6 +1092,13 @@ static bool icrc_match_v4(size_t ib_len, uint32_t c0, uint32_t got,
 	return false;
 }
 
+/* Empty (the packets are sent or dropped): nothing in it, no room taken. */
+static void batch_clear(struct txbatch *b)
+{
+	b->n = b->nruns = 0;
+	b->used = 0;
+}
+
 static void udp_flush(void)
 {
 	struct txbatch *b = txb;
@@ -1168,8 +1175,7 @@ static void udp_flush(void)
 		}
 		done += r;
 	}
-	b->n = b->nruns = 0;
-	b->used = 0;
+	batch_clear(b);
 }
 
 /*
@@ -1207,8 +1213,11 @@ static bool in_next_slot(const uint8_t *ib)
 	return txb && txb->n < TXB && ib == txb->buf + txb->used;
 }
 
+/* tag (0: none): send_mid's message, whose packets all go to one address:
+ * a run with its tag is extended without comparing addresses. */
 static void batch_add(int fd, const uint8_t *ib, size_t len,
-		      const struct sockaddr_storage *to, socklen_t tolen)
+		      const struct sockaddr_storage *to, socklen_t tolen,
+		      uint64_t tag)
 {
 	struct txbatch *b = txb_get();
 	struct txrun *r;
@@ -1216,8 +1225,12 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 
 	if (!b)
 		return;
-	if (b->n && (b->fd != fd || b->n == TXB || run_ends_batch(b) ||
-		     b->used > sizeof(b->buf) - len))
+	/* (a packet built in the next slot was checked for room by
+	 * tx_slot, and nothing was added since) */
+	if (b->n && (b->fd != fd ||
+		     (ib != b->buf + b->used &&
+		      (b->n == TXB || run_ends_batch(b) ||
+		       b->used > sizeof(b->buf) - len))))
 		udp_flush();
 	i = b->n++;
 	tx_added++;
@@ -1229,10 +1242,12 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 	r = b->nruns ? &b->run[b->nruns - 1] : NULL;
 	if (r && gso_on() && !r->closed && len <= r->seg &&
 	    r->n < URSA_GSO_SEGS && r->bytes + len <= GSO_MAX_BYTES &&
-	    tolen == r->tolen && !memcmp(to, &r->to, tolen)) {
+	    ((tag && r->tag == tag) ||
+	     (tolen == r->tolen && !memcmp(to, &r->to, tolen)))) {
 		r->n++;
 		r->bytes += len;
 		r->closed = len < r->seg;
+		r->tag = tag;
 		return;
 	}
 	r = &b->run[b->nruns++];
@@ -1240,7 +1255,7 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 	r->n = 1;
 	r->bytes = r->seg = len;
 	r->closed = false;
-	r->tag = 0;
+	r->tag = tag;
 	r->tolen = tolen;
 	memcpy(&r->to, to, tolen);
 }
@@ -1338,16 +1353,16 @@ static void tx_one(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 		}
 		pthread_mutex_unlock(&U.fault_lock);
 	}
-	batch_add(fd, ib, len, &to, tolen);
+	batch_add(fd, ib, len, &to, tolen, 0);
 	if (dup) {
 		atomic_fetch_add(&ursa_udp_cnt.fault_dup, 1);
-		batch_add(fd, ib, len, &to, tolen);
+		batch_add(fd, ib, len, &to, tolen, 0);
 	}
 	if (U.held_len) {
 		pthread_mutex_lock(&U.fault_lock);
 		if (U.held_len) {
 			batch_add(U.held_fd, U.held, U.held_len, &U.held_to,
-				  U.held_tolen);
+				  U.held_tolen, 0);
 			U.held_len = 0;
 		}
 		pthread_mutex_unlock(&U.fault_lock);
@@ -1837,6 +1852,19 @@ static uint8_t req_opcode(uint32_t op, bool first, bool last, bool imm_inv)
 	}
 }
 
+/* Whether packet k of the message asks for an ACK: the last, every
+ * ACKREQ_EVERY-th, and the one that fills the window (a window smaller
+ * than ACKREQ_EVERY after losses must still be acknowledged). Each ACK
+ * costs the responder a send, which on a veth path carries it through
+ * the whole stack: fewer ACKs, more bandwidth. */
+static bool ack_wanted(const struct ursa_qp *qp, const struct ursa_uqp *u,
+		       uint32_t k, bool last)
+{
+	return qp->ex.qp_base.qp_type == IBV_QPT_RC &&
+	       (last || k % ACKREQ_EVERY == ACKREQ_EVERY - 1 ||
+		k + 1 == u->m.acked + u->cwnd);
+}
+
 /* Send packet k of the message. */
 static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 			  const struct ursa_req *r, const struct ursa_send_wqe *w,
@@ -1863,14 +1891,7 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 	p.dqpn = ud ? w->remote_qpn : qp->attr.dest_qp_num;
 	p.psn = psn_add(u->m.first, k);
 	p.se = last && r->solicited;
-	/* Ask for an ACK on the last packet, every ACKREQ_EVERY packets,
-	 * and on the packet that fills the window (a window smaller than
-	 * ACKREQ_EVERY after losses must still be acknowledged). Each ACK
-	 * costs the responder a send, which on a veth path carries it
-	 * through the whole stack: fewer ACKs, more bandwidth. */
-	p.ackreq = qp->ex.qp_base.qp_type == IBV_QPT_RC &&
-		   (last || k % ACKREQ_EVERY == ACKREQ_EVERY - 1 ||
-		    k + 1 == u->m.acked + u->cwnd);
+	p.ackreq = ack_wanted(qp, u, k, last);
 	if (!first && !last) {
 		/* a MIDDLE packet (RC, UC): the BTH, then a whole MTU of
 		 * payload (a multiple of 4: no pad); most of a stream */
@@ -2236,7 +2257,6 @@ static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
 	struct ursa_sg part[URSA_MAX_SGE];
 	uint8_t *buf, *at;
 	uint32_t reg;
-	bool ackreq;
 
 	if (U.loss | U.dup | U.reorder | U.corrupt || U.pcap || U.held_len)
 		return false;
@@ -2267,16 +2287,9 @@ static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
 	}
 	buf = tx_slot();
 	if (buf) {
-		struct txbatch *b = txb;
-		struct txrun *run = b->nruns ? &b->run[b->nruns - 1] : NULL;
-
-		/* (as send_data_pkt asks for ACKs) */
-		ackreq = qp->ex.qp_base.qp_type == IBV_QPT_RC &&
-			 (k % ACKREQ_EVERY == ACKREQ_EVERY - 1 ||
-			  k + 1 == u->m.acked + u->cwnd);
 		roce_bth_put(buf, u->m.mid_op, false, false, 0,
-			     ROCE_DEFAULT_PKEY, qp->attr.dest_qp_num, ackreq,
-			     psn_add(u->m.first, k));
+			     ROCE_DEFAULT_PKEY, qp->attr.dest_qp_num,
+			     ack_wanted(qp, u, k, false), psn_add(u->m.first, k));
 		reg = roce_crc32_4(u->m.mid_reg, buf + 8);
 		at = buf + ROCE_BTH_LEN;
 		for (uint32_t i = 0; i < np; i++) {
@@ -2286,23 +2299,8 @@ static bool send_mid(struct ursa_qp *qp, struct ursa_uqp *u,
 			at += part[i].len;
 		}
 		roce_icrc_put(at, ~reg);
-		if (run && run->tag == u->m.mid_tag && b->fd == u->m.mid_fd &&
-		    !run->closed && run->seg == n && run->n < URSA_GSO_SEGS &&
-		    run->bytes + n <= GSO_MAX_BYTES) {
-			/* the open run is this message's: one more (as
-			 * batch_add would, without comparing addresses) */
-			b->pkt[b->n] = (struct iovec){ buf, n };
-			b->n++;
-			b->used += n;
-			tx_added++;
-			run->n++;
-			run->bytes += n;
-		} else {
-			batch_add(u->m.mid_fd, buf, n, &u->m.mid_to,
-				  u->m.mid_tolen);
-			if (b->nruns && gso_on()) /* (its run: that address) */
-				b->run[b->nruns - 1].tag = u->m.mid_tag;
-		}
+		batch_add(u->m.mid_fd, buf, n, &u->m.mid_to, u->m.mid_tolen,
+			  u->m.mid_tag);
 		ursa_cnt_add(&qp->cnt.pkts_tx, 1);	/* (under u->lock) */
 		txc_pkts++;
 		txc_bytes += n;
@@ -3354,7 +3352,7 @@ void ursa_udp_atfork_child(void)
 	U.users = 0;
 	U.held_len = 0;
 	if (txb)		/* the parent's packets */
-		txb->n = txb->nruns = 0;
+		batch_clear(txb);
 	delay_n = 0;
 }
 
