@@ -44,14 +44,21 @@ HARNESS := tests/harness.c
 
 .PHONY: all test sanitize demo install clean tests bench bench-quick fuzz
 BENCH_BIN := $(BUILD)/bench/samehost $(BUILD)/bench/netpeer $(BUILD)/bench/regcost
-STUBS := $(BUILD)/lib/libmlx5.so.1 $(BUILD)/lib/libefa.so.1
+PROVIDERS := mlx5 mlx4 efa mana
+STUBS := $(PROVIDERS:%=$(BUILD)/lib/lib%.so.1)
+.SECONDARY: $(PROVIDERS:%=$(BUILD)/gen/lib%.c) $(PROVIDERS:%=$(BUILD)/gen/lib%.map)
 all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(BUILD)/bin/ursa-kv $(STUBS)
 
-# Stand-ins for the provider libraries perftest links against.
-$(BUILD)/lib/lib%.so.1: src/stubs/%.c src/stubs/%.map
+# Stand-ins for the providers' direct-verbs libraries that perftest, UCX,
+# libfabric and pyverbs link against, generated from the committed symbol
+# lists (src/providers/gen.sh says why and how).
+$(BUILD)/gen/lib%.c $(BUILD)/gen/lib%.map: src/providers/%.syms src/providers/gen.sh
+	@mkdir -p $(dir $@)
+	sh src/providers/gen.sh $< $(BUILD)/gen/lib$*.c $(BUILD)/gen/lib$*.map
+$(BUILD)/lib/lib%.so.1: $(BUILD)/gen/lib%.c $(BUILD)/gen/lib%.map
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared -Wl,-soname,lib$*.so.1 \
-		-Wl,--version-script=src/stubs/$*.map $(LDFLAGS) -o $@ $<
+		-Wl,--version-script=$(BUILD)/gen/lib$*.map $(LDFLAGS) -o $@ $<
 
 $(BUILD)/obj/%.o: %.c $(wildcard src/*/*.h) include/ursa/ursa.h
 	@mkdir -p $(dir $@)
