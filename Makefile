@@ -47,7 +47,17 @@ BENCH_BIN := $(BUILD)/bench/samehost $(BUILD)/bench/netpeer $(BUILD)/bench/regco
 PROVIDERS := mlx5 mlx4 efa mana
 STUBS := $(PROVIDERS:%=$(BUILD)/lib/lib%.so.1)
 .SECONDARY: $(PROVIDERS:%=$(BUILD)/gen/lib%.c) $(PROVIDERS:%=$(BUILD)/gen/lib%.map)
-all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(BUILD)/bin/ursa-kv $(STUBS)
+PRELOAD := $(BUILD)/lib/libursa-preload.so
+all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(BUILD)/bin/ursa-kv $(STUBS) \
+	$(PRELOAD)
+
+# The library that shows the device's sysfs tree and node to programs
+# (src/preload/sysfs_preload.c). Never instrumented: it is preloaded into
+# programs that are not, ahead of everything else.
+$(PRELOAD): src/preload/sysfs_preload.c
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -fsanitize=% -fno-sanitize-recover=%,$(CFLAGS)) \
+		-fno-delete-null-pointer-checks -shared -o $@ $< -ldl
 
 # Stand-ins for the providers' direct-verbs libraries that perftest, UCX,
 # libfabric and pyverbs link against, generated from the committed symbol
@@ -159,7 +169,7 @@ demo: all
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PREFIX)/bin \
 		$(DESTDIR)$(PREFIX)/include/ursa
-	install -m 755 $(LIB) $(STUBS) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIB) $(STUBS) $(PRELOAD) $(DESTDIR)$(LIBDIR)/
 	ln -sf libibverbs.so.1 $(DESTDIR)$(LIBDIR)/libibverbs.so
 	install -m 644 include/ursa/ursa.h $(DESTDIR)$(PREFIX)/include/ursa/
 	install -m 755 $(BUILD)/bin/ursa $(DESTDIR)$(PREFIX)/bin/ursa

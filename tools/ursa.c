@@ -16,6 +16,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,8 @@ static void usage(FILE *f)
 		"  mr SIZE [--thp|--odp]   register SIZE bytes (K/M/G suffixes) and print\n"
 		"                          its translation table (--thp: ask for huge pages,\n"
 		"                          --odp: register on demand, without pinning)\n"
-		"  run -- PROG [ARGS]      run PROG on ursa (sets LD_LIBRARY_PATH)\n"
+		"  run -- PROG [ARGS]      run PROG on ursa (sets LD_LIBRARY_PATH, and\n"
+		"                          LD_PRELOAD for the device's sysfs tree)\n"
 		"  stats -- PROG [ARGS]    the same, and print ursa's counters (per QP\n"
 		"                          when destroyed, RoCEv2 at exit) on stderr\n"
 		"  version                 print the version\n"
@@ -444,12 +446,48 @@ static int cmd_mr(int argc, char **argv)
 	return 0;
 }
 
+/* The directory of ursa's libraries: ../lib next to bin/ursa in the build
+ * tree, ../lib/ursa when installed. */
+static int lib_dir(char *out, size_t len)
+{
+	char self[PATH_MAX], probe[PATH_MAX + 64];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	char *slash;
+
+	if (n < 0)
+		return -1;
+	self[n] = '\0';
+	slash = strrchr(self, '/');
+	if (slash)
+		*slash = '\0';
+	snprintf(probe, sizeof(probe), "%s/../lib/libibverbs.so.1", self);
+	snprintf(out, len, access(probe, F_OK) ? "%s/../lib/ursa" : "%s/../lib",
+		 self);
+	return 0;
+}
+
+/* Prepend dir to the ':'-separated list in variable var. */
+static void env_prepend(const char *var, const char *dir, bool before)
+{
+	const char *old = getenv(var);
+	char env[4 * PATH_MAX];
+
+	if (!old || !*old)
+		snprintf(env, sizeof(env), "%s", dir);
+	else if (before)
+		snprintf(env, sizeof(env), "%s:%s", dir, old);
+	else
+		snprintf(env, sizeof(env), "%s:%s", old, dir);
+	setenv(var, env, 1);
+}
+
+/* ursa run: ursa's libibverbs (and provider stand-ins) first on the
+ * library path, and libursa-preload.so, which shows the device's sysfs
+ * tree and /dev/infiniband node (src/preload/sysfs_preload.c), after any
+ * preloads already asked for. Both pass on to the program's children. */
 static int cmd_run(int argc, char **argv)
 {
-	char self[PATH_MAX], lib[PATH_MAX + 64], env[2 * PATH_MAX + 128];
-	const char *old = getenv("LD_LIBRARY_PATH");
-	ssize_t n;
-	char *slash;
+	char lib[PATH_MAX], pre[PATH_MAX + 32];
 
 	if (argc > 1 && !strcmp(argv[1], "--")) {
 		argv++;
@@ -459,23 +497,12 @@ static int cmd_run(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	/* The library sits in ../lib next to bin/ursa (build tree and
-	 * install tree alike). */
-	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	if (n < 0)
+	if (lib_dir(lib, sizeof(lib)))
 		return 1;
-	self[n] = '\0';
-	slash = strrchr(self, '/');
-	if (slash)
-		*slash = '\0';
-	snprintf(lib, sizeof(lib), "%s/../lib/libibverbs.so.1", self);
-	if (access(lib, F_OK))
-		snprintf(lib, sizeof(lib), "%s/../lib/ursa", self);
-	else
-		snprintf(lib, sizeof(lib), "%s/../lib", self);
-	snprintf(env, sizeof(env), "%s%s%s", lib, old && *old ? ":" : "",
-		 old ? old : "");
-	setenv("LD_LIBRARY_PATH", env, 1);
+	env_prepend("LD_LIBRARY_PATH", lib, true);
+	snprintf(pre, sizeof(pre), "%s/libursa-preload.so", lib);
+	if (!access(pre, R_OK))
+		env_prepend("LD_PRELOAD", pre, false);
 	execvp(argv[1], argv + 1);
 	fprintf(stderr, "ursa run: %s: %s\n", argv[1], strerror(errno));
 	return 1;

@@ -60,6 +60,7 @@ struct ursa_device {
 	struct ibv_device ibdev;   /* first: handed to applications */
 	uint64_t node_guid;	   /* network byte order */
 	enum ibv_mtu max_mtu, active_mtu;
+	char netdev[16];	   /* the interface the port follows */
 	atomic_int port_state;	   /* enum ibv_port_state */
 	int ngids;
 	struct ursa_gid gids[URSA_MAX_GIDS];

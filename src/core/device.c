@@ -199,6 +199,8 @@ static void follow_netdev(struct ursa_device *d)
 	}
 	if (fd >= 0)
 		close(fd);
+	if (pick)
+		snprintf(d->netdev, sizeof(d->netdev), "%s", pick->ifa_name);
 	if (ifa)
 		freeifaddrs(ifa);
 	d->active_mtu = mtu_from_if(ifmtu);
@@ -344,7 +346,9 @@ void ursa_port_attr(struct ursa_device *d, struct ibv_port_attr *a)
 	a->state = st;
 	a->max_mtu = d->max_mtu;
 	a->active_mtu = d->active_mtu;
-	a->gid_tbl_len = d->ngids;
+	/* Longer than the entries in use, as on a NIC: the rest are empty
+	 * (ibv_query_gid gives the zero GID, ibv_query_gid_ex ENODATA). */
+	a->gid_tbl_len = URSA_MAX_GIDS;
 	a->port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
 	a->max_msg_sz = URSA_MAX_MSG_SZ;
 	a->pkey_tbl_len = 1;

@@ -223,9 +223,13 @@ EXPORT int ibv_query_gid(struct ibv_context *c, uint8_t port, int index,
 {
 	struct ursa_device *dev = to_uctx(c)->dev;
 
-	if (port != 1 || index < 0 || index >= dev->ngids)
+	if (port != 1 || index < 0 || index >= URSA_MAX_GIDS)
 		return ret_minus1(-EINVAL);
-	*gid = dev->gids[index].gid;
+	/* An empty entry is the zero GID, as libibverbs reports it. */
+	if (index >= dev->ngids)
+		memset(gid, 0, sizeof(*gid));
+	else
+		*gid = dev->gids[index].gid;
 	return 0;
 }
 

@@ -38,7 +38,10 @@ EXPORT const char *ibv_get_sysfs_path(void)
 	return "/sys";
 }
 
-static int virtual_file(const char *rel, char *out, size_t len)
+/* The value of file rel under the device's sysfs directory, without the
+ * trailing newline: its length, or -1 if a real device has no such file
+ * (or, as for the attributes of an empty GID entry, cannot read it). */
+int ursa_sysfs_file(const char *rel, char *out, size_t len)
 {
 	struct ursa_device *dev = ursa_device_get();
 	const uint8_t *g = (const uint8_t *)&dev->node_guid;
@@ -56,6 +59,8 @@ static int virtual_file(const char *rel, char *out, size_t len)
 		return snprintf(out, len, "%d", URSA_HW_VER);
 	if (!strcmp(rel, "node_desc"))
 		return snprintf(out, len, "ursa software RDMA device");
+	if (!strcmp(rel, "parent") && dev->netdev[0])
+		return snprintf(out, len, "%s", dev->netdev);
 	if (!strcmp(rel, "node_guid") || !strcmp(rel, "sys_image_guid"))
 		return snprintf(out, len, "%02x%02x:%02x%02x:%02x%02x:%02x%02x",
 				g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
@@ -79,8 +84,11 @@ static int virtual_file(const char *rel, char *out, size_t len)
 				IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS);
 	if (!strcmp(rel, "ports/1/pkeys/0"))
 		return snprintf(out, len, "0xffff");
-	if (sscanf(rel, "ports/1/gids/%u", &i) == 1 && i < (unsigned)dev->ngids) {
-		const uint8_t *r = dev->gids[i].gid.raw;
+	if (sscanf(rel, "ports/1/gids/%u", &i) == 1 && i < URSA_MAX_GIDS) {
+		/* An empty entry reads as the zero GID, as in the kernel. */
+		static const uint8_t zero[16];
+		const uint8_t *r = i < (unsigned)dev->ngids ?
+					   dev->gids[i].gid.raw : zero;
 
 		return snprintf(out, len,
 				"%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x",
@@ -122,7 +130,7 @@ EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf,
 			snprintf(rel, sizeof(rel), "%s%s%s",
 				 dir[dl] ? dir + dl + 1 : "", dir[dl] ? "/" : "",
 				 file);
-			r = virtual_file(rel, tmp, sizeof(tmp));
+			r = ursa_sysfs_file(rel, tmp, sizeof(tmp));
 			if (r < 0) {
 				errno = ENOENT;
 				return -1;

@@ -54,6 +54,9 @@ int ibv_dofork_range(void *base, size_t size);
 const char *ibv_get_sysfs_path(void);
 int ibv_read_sysfs_file(const char *dir, const char *file, char *buf,
 			size_t size);
+int ursa_sysfs_file(const char *rel, char *out, size_t len);
+/* ursa.h-less export for libursa-preload.so (sysroot.c). */
+int ursa_sysfs_export(const char *root);
 
 /* Context ops installed by open_device, defined in the other files. */
 int uv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
