@@ -44,11 +44,14 @@
 #define URSA_MAX_MR_SIZE (1ull << 40)
 #define URSA_MAX_MSG_SZ (1u << 31)
 #define URSA_MAX_GIDS 32
-#define URSA_VENDOR_ID 0x0000
+#define URSA_VENDOR_ID 0xffffff /* as rxe: no IEEE OUI of its own */
 #define URSA_VENDOR_PART 0x5552 /* "UR"; not an mlx5/efa part id */
 #define URSA_HW_VER 1
 #define URSA_FW_VER "ursa-0.1.0"
 #define URSA_GRH_LEN 40
+/* wc.sl of a UD receive on RoCE, as mlx5 reports it (resp.c). */
+#define URSA_SL_ROCE_V2_IPV4 0xa
+#define URSA_SL_ROCE_V2_IPV6 0x9
 
 struct ursa_gid {
 	union ibv_gid gid;
@@ -392,6 +395,12 @@ int ursa_mr_reg(struct ursa_pd *pd, void *addr, size_t length, uint64_t iova,
 int ursa_mr_dereg(struct ursa_mr *mr);
 int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 		  void *addr, size_t length, unsigned int access);
+/* The access flags an MR, a window or a QP may carry. */
+#define URSA_ACCESS_SUPPORTED                                               \
+	(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |                 \
+	 IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |                \
+	 IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND | \
+	 IBV_ACCESS_HUGETLB | IBV_ACCESS_OPTIONAL_RANGE)
 int ursa_access_check(unsigned int access);
 
 /* Result of resolving a key for an access. */
@@ -503,6 +512,7 @@ int ursa_cq_resize(struct ursa_cq *cq, int cqe);
  * solicited-only notification. */
 int ursa_cq_push(struct ursa_cq *cq, const struct ibv_wc *wc, bool solicited);
 int ursa_cq_poll(struct ursa_cq *cq, int n, struct ibv_wc *wc);
+void ursa_cq_clean(struct ursa_cq *cq, uint32_t qpn, bool keep_recv);
 int ursa_cq_arm(struct ursa_cq *cq, int solicited_only);
 
 /* qp.c */

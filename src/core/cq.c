@@ -161,6 +161,25 @@ int ursa_cq_poll(struct ursa_cq *cq, int n, struct ibv_wc *wc)
 	return got;
 }
 
+/* Remove the completions of QP qpn, keeping the others in order (keep_recv:
+ * not its receive completions, which came from an SRQ the QP shares). */
+void ursa_cq_clean(struct ursa_cq *cq, uint32_t qpn, bool keep_recv)
+{
+	uint32_t kept = 0, mask;
+
+	pthread_mutex_lock(&cq->lock);
+	mask = cq->size - 1;
+	for (uint32_t i = 0; i < cq->count; i++) {
+		const struct ibv_wc *w = &cq->wc[(cq->head + i) & mask];
+
+		if (w->qp_num == qpn && !(keep_recv && (w->opcode & IBV_WC_RECV)))
+			continue;
+		cq->wc[(cq->head + kept++) & mask] = *w;
+	}
+	cq->count = kept;
+	pthread_mutex_unlock(&cq->lock);
+}
+
 int ursa_cq_arm(struct ursa_cq *cq, int solicited_only)
 {
 	pthread_mutex_lock(&cq->lock);

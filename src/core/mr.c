@@ -29,15 +29,10 @@
 
 #define PAGE 4096ul
 
-static const unsigned int supported_access =
-	IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-	IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-	IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND |
-	IBV_ACCESS_HUGETLB | IBV_ACCESS_OPTIONAL_RANGE;
 
 int ursa_access_check(unsigned int access)
 {
-	if (access & ~supported_access)
+	if (access & ~URSA_ACCESS_SUPPORTED)
 		return -EINVAL;
 	/* IBTA C10-23 / 10.6.3.1: remote write and remote atomic require
 	 * local write. */
@@ -455,9 +450,8 @@ enum ibv_wc_status ursa_mw_bind(struct ursa_qp *qp, struct ursa_mw *mw,
 		st = IBV_WC_MW_BIND_ERR;
 	else if (!(mr->access & IBV_ACCESS_MW_BIND))
 		st = IBV_WC_MW_BIND_ERR;
-	else if (acc & ~(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-			 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED))
-		st = IBV_WC_MW_BIND_ERR;
+	else if (acc & ~URSA_ACCESS_SUPPORTED)
+		st = IBV_WC_MW_BIND_ERR;	/* an unknown flag */
 	else if ((acc & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
 		 !(mr->access & IBV_ACCESS_LOCAL_WRITE))
 		st = IBV_WC_MW_BIND_ERR;
@@ -477,7 +471,14 @@ enum ibv_wc_status ursa_mw_bind(struct ursa_qp *qp, struct ursa_mw *mw,
 			atomic_fetch_add(&mr->mw_binds, 1);
 			mw->addr = b->addr;
 			mw->length = b->length;
-			mw->access = acc;
+			/* Only the remote rights and zero-basing mean
+			 * anything for a window; the rest (LOCAL_WRITE,
+			 * which pyverbs passes) is ignored, as by rxe
+			 * and mlx5. */
+			mw->access = acc & (IBV_ACCESS_REMOTE_WRITE |
+					    IBV_ACCESS_REMOTE_READ |
+					    IBV_ACCESS_REMOTE_ATOMIC |
+					    IBV_ACCESS_ZERO_BASED);
 			mw->qpn = qp->ex.qp_base.qp_num;
 			mw->state = URSA_MW_VALID;
 		}

@@ -66,6 +66,7 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 		   struct ursa_qp **out)
 {
 	const uint32_t known = IBV_QP_INIT_ATTR_PD |
+			       IBV_QP_INIT_ATTR_CREATE_FLAGS |
 			       IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 	struct ibv_qp_cap *c = &ia->cap;
 	struct ursa_qp *qp;
@@ -77,6 +78,10 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 	if (!(ia->comp_mask & IBV_QP_INIT_ATTR_PD) || !ia->pd)
 		return -EINVAL;
 	if (ia->comp_mask & ~known)
+		return -EOPNOTSUPP;
+	/* The mask bit is fine (rxe takes it); no creation flag is
+	 * implemented (scatter FCS, loopback blocking, ...). */
+	if ((ia->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ia->create_flags)
 		return -EOPNOTSUPP;
 	if (!ia->send_cq || !ia->recv_cq)
 		return -EINVAL;
@@ -180,6 +185,18 @@ void ursa_qp_lcache_drop(struct ursa_ctx *ctx, struct ursa_mr *mr)
 	ursa_mutex_unlock(&ctx->qp_lock);
 }
 
+/* A QP that is reset or destroyed leaves nothing in its CQs, as mlx5 does
+ * (mlx5_cq_clean): completions polled afterwards belong to the QP's new
+ * life, or to other QPs. */
+static void qp_clean_cqs(struct ursa_qp *qp)
+{
+	uint32_t qpn = qp->ex.qp_base.qp_num;
+
+	ursa_cq_clean(qp->scq, qpn, qp->srq && qp->rcq == qp->scq);
+	if (qp->rcq != qp->scq)
+		ursa_cq_clean(qp->rcq, qpn, qp->srq != NULL);
+}
+
 int ursa_qp_destroy(struct ursa_qp *qp)
 {
 	struct ursa_ctx *ctx = qp->ctx;
@@ -200,6 +217,7 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 	 * ctx->qps and reads qp->udp (held ACKs, send steps). */
 	ursa_uqp_fini(qp);
 	ursa_pub_qp_free(qp);
+	qp_clean_cqs(qp);
 	atomic_fetch_sub(&qp->pd->refs, 1);
 	atomic_fetch_sub(&qp->scq->refs, 1);
 	atomic_fetch_sub(&qp->rcq->refs, 1);
@@ -304,11 +322,11 @@ static int check_values(struct ursa_qp *qp, const struct ibv_qp_attr *a,
 		return -EINVAL;
 	if ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31)
 		return -EINVAL;
+	/* Any flag an MR may carry, as rxe takes them (mlx5 ignores all but
+	 * the remote ones, which are the only ones a QP acts on):
+	 * pyverbs' ODP tests set ON_DEMAND here. */
 	if ((mask & IBV_QP_ACCESS_FLAGS) &&
-	    (a->qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE |
-				    IBV_ACCESS_REMOTE_WRITE |
-				    IBV_ACCESS_REMOTE_READ |
-				    IBV_ACCESS_REMOTE_ATOMIC)))
+	    (a->qp_access_flags & ~URSA_ACCESS_SUPPORTED))
 		return -EINVAL;
 	if ((mask & IBV_QP_AV) && !av_ok(&a->ah_attr))
 		return -EINVAL;
@@ -385,6 +403,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 				     atomic_load(&qp->rq.ring.tail));
 		set_state(qp, next);
 		pthread_mutex_unlock(&qp->rq_lock);
+		qp_clean_cqs(qp);
 		memset(q, 0, sizeof(*q));
 		ursa_pub_qp_update(qp);
 		pthread_mutex_unlock(&qp->state_lock);

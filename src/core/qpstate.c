@@ -154,7 +154,10 @@ int ursa_qp_transition_ok(enum ibv_qp_type type, enum ibv_qp_state cur,
 	}
 	if ((unsigned)cur > IBV_QPS_ERR || (unsigned)next > IBV_QPS_ERR)
 		return -EINVAL;
-	if (!(mask & IBV_QP_STATE))
+	/* Without IBV_QP_STATE the caller passes next == cur: the table's
+	 * cur -> cur entry says what may change (INIT -> INIT: the access
+	 * flags, ...), as in the kernel's ib_modify_qp_is_ok. */
+	if (!(mask & IBV_QP_STATE) && next != cur)
 		return -EINVAL;
 	if (next == IBV_QPS_RESET || next == IBV_QPS_ERR)
 		return (mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE)) ? -EINVAL : 0;
@@ -164,7 +167,7 @@ int ursa_qp_transition_ok(enum ibv_qp_type type, enum ibv_qp_state cur,
 	t = &table[cur][next];
 	if (!t->valid)
 		return -EINVAL;
-	req = t->req[ti] | IBV_QP_STATE;
+	req = t->req[ti] | (mask & IBV_QP_STATE);
 	opt = t->opt[ti];
 	if ((mask & req) != req)
 		return -EINVAL;

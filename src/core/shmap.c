@@ -10,6 +10,7 @@
  */
 #include "shmap.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -38,6 +39,59 @@ struct region {
 
 static pthread_mutex_t shmap_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct region *regions;
+static int (*world_stop)(void);
+static void (*world_start)(void);
+static bool world_stopped;	/* by quiet_begin, under shmap_lock */
+
+void ursa_shmap_set_world(int (*stop)(void), void (*start)(void))
+{
+	pthread_mutex_lock(&shmap_lock);
+	world_stop = stop;
+	world_start = start;
+	pthread_mutex_unlock(&shmap_lock);
+}
+
+/* Threads of this process, or -1. */
+static int count_threads(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *de;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((de = readdir(d)))
+		n += de->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+static void quiet_end(void)
+{
+	if (world_stopped)
+		world_start();
+	world_stopped = false;
+}
+
+/* Stop the world for a move (see shmap.h): true if no thread but the
+ * caller can write memory until quiet_end(). */
+static bool quiet_begin(void)
+{
+	int mine = 0, n = count_threads();
+
+	if (n == 1)
+		return true;
+	if (!world_stop || n < 1)
+		return false;
+	mine = world_stop();
+	if (mine < 0)
+		return false;
+	world_stopped = true;
+	if (count_threads() == 1 + mine)
+		return true;
+	quiet_end();
+	return false;
+}
 
 bool ursa_shmap_enabled(void)
 {
@@ -125,7 +179,8 @@ fail:
 	return NULL;
 }
 
-/* Back to private anonymous memory with the same contents. */
+/* Back to private anonymous memory with the same contents (the world
+ * stopped, or a fork child). */
 static void region_restore(struct region *r)
 {
 	size_t n = r->end - r->start;
@@ -169,8 +224,10 @@ void ursa_shmap_reg(uintptr_t a, uint64_t len, uintptr_t ps, uintptr_t pe,
 			else
 				overlap = true;
 		}
-		if (!hit && !overlap && !ursa_pinned_any(pins, is, ie)) {
+		if (!hit && !overlap && !ursa_pinned_any(pins, is, ie) &&
+		    quiet_begin()) {
 			hit = region_create(is, ie);
+			quiet_end();
 			if (hit) {
 				hit->next = regions;
 				regions = hit;
@@ -194,16 +251,29 @@ void ursa_shmap_reg(uintptr_t a, uint64_t len, uintptr_t ps, uintptr_t pe,
 void ursa_shmap_unreg(uintptr_t ps, uintptr_t pe)
 {
 	struct region **pp = &regions, *r;
+	bool any = false, quiet = false;
 
 	pthread_mutex_lock(&shmap_lock);
-	while ((r = *pp)) {
-		if (r->start < pe && r->end > ps && r->refs && !--r->refs) {
+	for (r = regions; r; r = r->next)
+		if (r->start < pe && r->end > ps && r->refs)
+			any |= !--r->refs;
+	/* Regions no MR references go back now if the world stops; else
+	 * they stay shared (still correct) until a later call finds it
+	 * quiet. */
+	for (r = regions; r && !any; r = r->next)
+		any = !r->refs;
+	if (any)
+		quiet = quiet_begin();
+	while (quiet && (r = *pp)) {
+		if (!r->refs) {
 			*pp = r->next;
 			region_restore(r);
 			continue;
 		}
 		pp = &r->next;
 	}
+	if (quiet)
+		quiet_end();
 	pthread_mutex_unlock(&shmap_lock);
 }
 

@@ -34,11 +34,20 @@
  *  - a child of fork() gets private copies of every region, as of any
  *    other memory (at the cost of copying the parent's registered memory
  *    in the child).
+ *  - pages move only while no other thread can write them: a write between
+ *    the copy and the mmap that replaces the pages would be lost (in a
+ *    program whose other threads allocate memory, such as UCX's, that
+ *    corrupted malloc's own records). So a move first stops the threads the
+ *    library runs (ursa_shmap_set_world: the engines park), then counts
+ *    the process's threads: with any thread besides the caller and those,
+ *    nothing moves (the MR is reached by process_vm_writev instead). A
+ *    region whose last MR goes while other threads run stays shared until
+ *    a later registration, deregistration or fork finds the process quiet.
  * What the application can observe: registration and deregistration copy
  * the pages (about 0.8 ms per MiB each way on the development VM, where
- * allocating pages is slow); and a thread writing into the buffer while
- * another registers or deregisters it may lose that write (real NICs expect
- * the buffer quiet during registration too); while registered,
+ * allocating pages is slow); writes the kernel makes into the buffer on
+ * the program's behalf while it registers (asynchronous I/O) may be lost;
+ * while registered,
  * MADV_DONTNEED on the buffer no longer zeroes it (on a real NIC it
  * detaches the pages from the NIC's, which breaks RDMA too). URSA_MAP=0
  * turns all of this off.
@@ -68,6 +77,10 @@ void ursa_shmap_reg(uintptr_t a, uint64_t len, uintptr_t ps, uintptr_t pe,
 /* The MR over [ps, pe) is gone: drop its references; a region nobody
  * references goes back to private anonymous memory. */
 void ursa_shmap_unreg(uintptr_t ps, uintptr_t pe);
+/* How to stop the library's own threads around a move: stop() parks them
+ * and returns how many it parked (or a negative errno: then nothing
+ * moves), start() lets them go. Set by the engine when it starts one. */
+void ursa_shmap_set_world(int (*stop)(void), void (*start)(void));
 bool ursa_shmap_enabled(void);
 /* In the child of fork(): every region becomes private memory again. */
 void ursa_shmap_atfork_child(void);

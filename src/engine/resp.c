@@ -292,8 +292,16 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 	wc.opcode = write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
 	wc.byte_len = (uint32_t)(write_imm ? r->msg_len :
 				 (r->msg_len ? need : grh + r->offset + r->len));
-	if (ud)
+	if (ud) {
+		/* As mlx5 reports a RoCE UD receive: a GRH, and in sl the
+		 * packet's type (bit 3: it came in UDP, RoCEv2; bits 2-0:
+		 * its network header, 2 IPv4, 1 IPv6). Software written for
+		 * mlx5 (UCX's ud transports) reads sl to know where in the
+		 * 40 bytes the addresses are (IBTA A17.4.5.1). */
 		wc.wc_flags |= IBV_WC_GRH;
+		wc.sl = v4mapped(&r->sgid) && v4mapped(&r->dgid) ?
+				URSA_SL_ROCE_V2_IPV4 : URSA_SL_ROCE_V2_IPV6;
+	}
 	if (r->invalidate &&
 	    ursa_invalidate(tqp->pd, wc.qp_num, r->imm)) {
 		wc.status = IBV_WC_REM_INV_REQ_ERR;

@@ -6,6 +6,7 @@
  * ursa_sysfs_export(root) writes, under root, what a kernel with rxe loaded
  * shows: sys/class/infiniband/<dev>/ (identity files, ports/1/ with state,
  * rate, link layer, the GID table with gid_attrs/types and ndevs, pkeys),
+ * device/net/<interface> (a link to the interface the port follows),
  * sys/class/infiniband_verbs/ (abi_version, uverbs0/ibdev, dev) and
  * dev/infiniband/uverbs0 (a symbolic link to /dev/null, which the preload
  * library hands out as the node). The contents are those
@@ -95,6 +96,9 @@ static void build(struct tree *t, struct ursa_device *dev)
 		snprintf(rel, sizeof(rel), "ports/1/gid_attrs/ndevs/%d", i);
 		add_dev(t, name, rel);
 	}
+	/* The layout's version: a generation of another layout (files this
+	 * code no longer writes, or not yet) has another name. */
+	add(t, "2", ".ursa-layout");
 	add(t, "6", "sys/class/infiniband_verbs/abi_version");
 	add(t, name, "sys/class/infiniband_verbs/%s/ibdev", dev->ibdev.dev_name);
 	add(t, "1", "sys/class/infiniband_verbs/%s/abi_version",
@@ -210,6 +214,22 @@ static int write_gen(const char *gen, const struct tree *t,
 			r = pathf(p, "%s/dev/infiniband/%s", tmp,
 				  dev->ibdev.dev_name);
 		if (!r && symlink("/dev/null", p))
+			r = -errno;
+	}
+	/* device/net/<if>: the network interface of the device, where
+	 * programs (pyverbs' tests) look for the addresses to use. */
+	if (!r && dev->netdev[0]) {
+		char to[64];
+
+		r = pathf(p, "sys/class/infiniband/%s/device/net/%s",
+			  dev->ibdev.name, dev->netdev);
+		if (!r)
+			r = make_parents(tmp, p);
+		if (!r)
+			r = pathf(p, "%s/sys/class/infiniband/%s/device/net/%s",
+				  tmp, dev->ibdev.name, dev->netdev);
+		snprintf(to, sizeof(to), "/sys/class/net/%s", dev->netdev);
+		if (!r && symlink(to, p))
 			r = -errno;
 	}
 	/* Another process may have built the same generation meanwhile:

@@ -718,12 +718,19 @@ static int test_ud_grh_qkey(void)
 	wr.wr.ud.remote_qpn = p.b->qp_num;
 	wr.wr.ud.remote_qkey = 0x11111111;
 	REQUIRE(ibv_post_send(p.a, &wr, &bad) == 0);
+	ibv_query_gid(p.f.ctx, 1, 0, &gid);
 	for (int i = 0; i < 2; i++) {
 		REQUIRE(wait_wc(p.f.cq, &wc, 2000) == 1);
 		EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
 		if (wc.opcode == IBV_WC_RECV) {
 			EXPECT_EQ(wc.byte_len, 40 + 9);
 			EXPECT_TRUE(wc.wc_flags & IBV_WC_GRH);
+			/* the packet type in sl, as mlx5 reports it: RoCEv2
+			 * (bit 3) over IPv4 (2) or IPv6 (1); UCX's ud
+			 * transports read it */
+			EXPECT_EQ(wc.sl, gid.raw[10] == 0xff ? 0xa : 0x9);
+			EXPECT_EQ(wc.slid, 0);
+			EXPECT_EQ(wc.pkey_index, 0);
 			EXPECT_EQ(wc.src_qp, p.a->qp_num);
 			back = ibv_create_ah_from_wc(p.f.pd, &wc,
 						     (struct ibv_grh *)p.bbuf, 1);
@@ -735,7 +742,6 @@ static int test_ud_grh_qkey(void)
 	EXPECT_TRUE(!strcmp(p.bbuf + 40, "datagram"));
 	/* The GRH carries the sender's address: IPv4 header at offset 20
 	 * for an IPv4-mapped GID, IPv6 header otherwise. */
-	ibv_query_gid(p.f.ctx, 1, 0, &gid);
 	if (gid.raw[10] == 0xff)
 		EXPECT_TRUE(!memcmp(p.bbuf + 20 + 12, gid.raw + 12, 4));
 	else

@@ -977,6 +977,78 @@ static int test_reg_moves_pages(void)
 	return TEST_RESULT();
 }
 
+/* A thread that writes every page of a buffer in turn and checks, page by
+ * page, that its previous write is still there; malloc and free on the way,
+ * as threads of real programs do (UCX's async thread: its lost heap writes
+ * showed as "free(): invalid next size"). */
+struct pager {
+	volatile uint64_t *b;
+	size_t pages;
+	atomic_int stop, rounds;
+	uint64_t lost;
+};
+
+static void *pager_main(void *arg)
+{
+	struct pager *p = arg;
+	uint64_t seq = 0, *last = calloc(p->pages, sizeof(*last));
+
+	while (last && !atomic_load(&p->stop)) {
+		for (size_t i = 0; i < p->pages; i++) {
+			volatile uint64_t *w = p->b + i * 512;
+			void *junk = malloc(64 + i % 512);
+
+			if (*w != last[i])
+				p->lost++;
+			last[i] = *w = ++seq;
+			free(junk);
+		}
+		atomic_fetch_add(&p->rounds, 1);
+	}
+	free(last);
+	return NULL;
+}
+
+static int test_reg_while_threads_write(void)
+{
+	struct pager p = { .pages = 256 };
+	size_t len = p.pages * 4096;
+	struct ursa_mr_info in;
+	struct ibv_mr *mr;
+	pthread_t t;
+	struct fx f;
+	int moved = 0;
+
+	p.b = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	REQUIRE(p.b != MAP_FAILED);
+	REQUIRE(fx_open(&f, 16) == 0);
+	REQUIRE(pthread_create(&t, NULL, pager_main, &p) == 0);
+	while (atomic_load(&p.rounds) < 2)
+		sched_yield();
+	/* Another thread writes: the pages must stay where they are. */
+	for (int i = 0; i < 200; i++) {
+		mr = ibv_reg_mr(f.pd, (void *)p.b, len, ALL_REMOTE);
+		REQUIRE(mr);
+		EXPECT_EQ(ursa_mr_info(mr, &in), 0);
+		moved += in.shared_bytes != 0;
+		EXPECT_EQ(ibv_dereg_mr(mr), 0);
+	}
+	atomic_store(&p.stop, 1);
+	pthread_join(t, NULL);
+	EXPECT_EQ(moved, 0);
+	EXPECT_EQ(p.lost, 0);
+	/* Alone again (but for ursa's engine, which parks): they move. */
+	mr = ibv_reg_mr(f.pd, (void *)p.b, len, ALL_REMOTE);
+	REQUIRE(mr);
+	EXPECT_EQ(ursa_mr_info(mr, &in), 0);
+	EXPECT_EQ(in.shared_bytes, len);
+	EXPECT_EQ(ibv_dereg_mr(mr), 0);
+	fx_close(&f);
+	munmap((void *)p.b, len);
+	return TEST_RESULT();
+}
+
 struct writer {
 	struct end *e;
 	struct xinfo *peer;
@@ -1790,6 +1862,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(dmap_pruned, "a requester drops its mapping of an MR the target deregistered"),
 	TEST_ENTRY(partial_pages, "partial first and last pages: mapped inside, CMA at the edges"),
 	TEST_ENTRY(reg_moves_pages, "registration moves whole pages into a memfd and back"),
+	TEST_ENTRY(reg_while_threads_write, "pages do not move while another thread writes: no write lost"),
 	TEST_ENTRY(dereg_during_writes, "no direct WRITE lands after ibv_dereg_mr returns"),
 	TEST_ENTRY(target_checks, "the target's checks hold for other processes"),
 	TEST_ENTRY(atomics_three_processes, "two processes add to a third's counter"),

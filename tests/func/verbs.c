@@ -104,6 +104,10 @@ static int test_query_device(void)
 	EXPECT_EQ(a.atomic_cap, IBV_ATOMIC_HCA);
 	EXPECT_EQ(a.phys_port_cnt, 1);
 	EXPECT_TRUE(strstr(a.fw_ver, "ursa") != NULL);
+	/* frameworks pick parameters by vendor: a real id (rxe's) */
+	EXPECT_EQ(a.vendor_id, 0xffffff);
+	EXPECT_TRUE(a.vendor_part_id != 0 && a.hw_ver != 0);
+	EXPECT_EQ(a.max_qp_rd_atom, a.max_qp_init_rd_atom);
 	EXPECT_TRUE(a.max_qp_wr >= 8192 && a.max_cqe >= 65536);
 	EXPECT_TRUE(a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B);
 	EXPECT_EQ(ibv_query_device_ex(c, NULL, &ax), 0);
@@ -542,7 +546,18 @@ static int test_mw_type1(void)
 	bind.bind_info.mr = mb;
 	bind.bind_info.addr = (uintptr_t)b + 1024;
 	bind.bind_info.length = 256;
-	bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+	/* LOCAL_WRITE means nothing for a window; rxe and mlx5 take it
+	 * (pyverbs' tests pass it), and so must ursa. An unknown flag is a
+	 * bind error. */
+	bind.bind_info.mw_access_flags = 1u << 30;
+	EXPECT_EQ(ibv_bind_mw(q2, mw, &bind), 0);
+	REQUIRE(wait_wc(f.cq, &wc, 2000) == 1);
+	EXPECT_EQ(wc.status, IBV_WC_MW_BIND_ERR);
+	REQUIRE(ibv_modify_qp(q2, &(struct ibv_qp_attr){ .qp_state = IBV_QPS_RESET },
+			      IBV_QP_STATE) == 0);
+	REQUIRE(to_rts(q2, q1->qp_num, ALL_REMOTE) == 0);
+	bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE |
+					 IBV_ACCESS_LOCAL_WRITE;
 	EXPECT_EQ(ibv_bind_mw(q2, mw, &bind), 0);
 	EXPECT_NE(mw->rkey, old);
 	EXPECT_EQ(mw->rkey >> 8, old >> 8);
@@ -955,6 +970,78 @@ static int test_create_qp(void)
 	return TEST_RESULT();
 }
 
+/* What rxe (and mlx5) accept and ursa refused, found by rdma-core's own
+ * pyverbs tests: the CREATE_FLAGS bit of ibv_create_qp_ex with no flag
+ * set, for every QP type; any MR flag in qp_access_flags (ODP tests set
+ * ON_DEMAND there); and a RESET or destroyed QP leaving nothing in its CQs
+ * (mlx5_cq_clean; pyverbs' rereg tests poll after a RESET). */
+static int test_rxe_conformance(void)
+{
+	static const enum ibv_qp_type types[] = { IBV_QPT_RC, IBV_QPT_UC,
+						  IBV_QPT_UD };
+	struct ibv_qp_init_attr_ex ia = { 0 };
+	struct ibv_qp *qp, *other;
+	struct ibv_wc wc;
+	struct fx f;
+	char buf[64];
+	struct ibv_mr *mr;
+
+	REQUIRE(fx_open(&f, 16) == 0);
+	ia.send_cq = ia.recv_cq = f.cq;
+	ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
+	ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+	ia.pd = f.pd;
+	ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		ia.qp_type = types[i];
+		ia.create_flags = 0;
+		qp = ibv_create_qp_ex(f.ctx, &ia);
+		EXPECT_TRUE(qp != NULL);
+		if (qp)
+			ibv_destroy_qp(qp);
+		ia.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+		EXPECT_NULL_ERRNO(ibv_create_qp_ex(f.ctx, &ia), EOPNOTSUPP);
+	}
+	qp = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+	other = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+	REQUIRE(qp && other);
+	EXPECT_EQ(to_init(qp, ALL_REMOTE | IBV_ACCESS_ON_DEMAND |
+			  IBV_ACCESS_MW_BIND | IBV_ACCESS_RELAXED_ORDERING), 0);
+	/* a remote right without LOCAL_WRITE is fine for a QP */
+	EXPECT_EQ(ibv_modify_qp(qp, &(struct ibv_qp_attr){
+			.qp_access_flags = IBV_ACCESS_REMOTE_ATOMIC },
+			IBV_QP_ACCESS_FLAGS), 0);
+	EXPECT_EQ(ibv_modify_qp(qp, &(struct ibv_qp_attr){
+			.qp_access_flags = 1u << 30 }, IBV_QP_ACCESS_FLAGS),
+		  EINVAL);
+	/* RESET: the QP's flushed receives leave the CQ, another QP's stay */
+	mr = ibv_reg_mr(f.pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr && to_init(other, 0) == 0);
+	EXPECT_EQ(post_recv1(qp, buf, 8, mr->lkey, 1), 0);
+	EXPECT_EQ(post_recv1(qp, buf, 8, mr->lkey, 2), 0);
+	EXPECT_EQ(post_recv1(other, buf, 8, mr->lkey, 3), 0);
+	EXPECT_EQ(ibv_modify_qp(qp, &(struct ibv_qp_attr){ .qp_state = IBV_QPS_ERR },
+				IBV_QP_STATE), 0);
+	EXPECT_EQ(ibv_modify_qp(other, &(struct ibv_qp_attr){ .qp_state = IBV_QPS_ERR },
+				IBV_QP_STATE), 0);
+	usleep(20000);
+	EXPECT_EQ(ibv_modify_qp(qp, &(struct ibv_qp_attr){ .qp_state = IBV_QPS_RESET },
+				IBV_QP_STATE), 0);
+	REQUIRE(wait_wc(f.cq, &wc, 2000) == 1);
+	EXPECT_EQ(wc.wr_id, 3);
+	EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+	EXPECT_TRUE(cq_stays_empty(f.cq, 20));
+	/* destroy: the same */
+	EXPECT_EQ(post_recv1(other, buf, 8, mr->lkey, 4), 0);
+	usleep(20000);
+	EXPECT_EQ(ibv_destroy_qp(other), 0);
+	EXPECT_TRUE(cq_stays_empty(f.cq, 20));
+	ibv_destroy_qp(qp);
+	ibv_dereg_mr(mr);
+	fx_close(&f);
+	return TEST_RESULT();
+}
+
 static int test_modify_qp_bad_flow(void)
 {
 	struct fx f;
@@ -1177,6 +1264,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(device_name_env, "URSA_DEVICE_NAME renames the device"),
 	TEST_ENTRY(query_device, "device limits and query_device_ex"),
 	TEST_ENTRY(query_port_gid_pkey, "port, GID table, P_Key"),
+	TEST_ENTRY(rxe_conformance, "create flags, QP access flags, CQ cleaned at RESET/destroy"),
 	TEST_ENTRY(async_port_events, "async fd: port down/up events"),
 	TEST_ENTRY(pd, "PD in use cannot be freed"),
 	TEST_ENTRY(reg_mr, "registration, translation, ODP"),

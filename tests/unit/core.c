@@ -380,6 +380,11 @@ static int test_qp_state_table(void)
 	}
 	/* no IBV_QP_STATE, unknown type, bad state numbers */
 	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_RESET, IBV_QPS_INIT, rc_init & ~IBV_QP_STATE), -EINVAL);
+	/* no IBV_QP_STATE: a cur -> cur change, INIT -> INIT the access flags */
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_INIT,
+					IBV_QP_ACCESS_FLAGS), 0);
+	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_INIT,
+					IBV_QP_AV), -EINVAL);
 	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_XRC_SEND, IBV_QPS_RESET, IBV_QPS_INIT, rc_init), -EINVAL);
 	EXPECT_EQ(ursa_qp_transition_ok(IBV_QPT_RC, 99, IBV_QPS_INIT, rc_init), -EINVAL);
 	return TEST_RESULT();
