@@ -10,9 +10,12 @@ set -e
 need="gcc make libc6-dev libibverbs-dev"
 if [ "$1" = test ] || [ "$1" = bench ]; then
 	need="$need ibverbs-utils perftest binutils iproute2 procps iptables tshark"
+	# the frameworks that tests/scripts/frameworks.sh runs on ursa
+	need="$need ucx-utils libucx0 openmpi-bin libopenmpi-dev mpich libmpich-dev"
+	need="$need libfabric-bin python3-pyverbs"
 fi
 optional=""
-[ "$1" = bench ] && optional="gnuplot-nox ucx-utils redis-server redis-tools"
+[ "$1" = bench ] && optional="gnuplot-nox redis-server redis-tools"
 
 missing_of() {
 	m=""

@@ -12,6 +12,7 @@
  *
  * Exit status: 0 success, 1 runtime failure, 2 usage error.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -481,6 +482,29 @@ static void env_prepend(const char *var, const char *dir, bool before)
 	setenv(var, env, 1);
 }
 
+#ifdef __SANITIZE_ADDRESS__
+extern void __asan_init(void);
+
+/* A sanitizer build's libraries need the ASan runtime first in the
+ * program's initial library list (before libursa-preload.so, and in
+ * uninstrumented programs at all): put the runtime this ursa runs on at the
+ * head of LD_PRELOAD. */
+static void asan_first(void)
+{
+	Dl_info info;
+	const char *old = getenv("LD_PRELOAD");
+
+	if (!dladdr((void *)__asan_init, &info) || !info.dli_fname ||
+	    (old && strstr(old, info.dli_fname)))
+		return;
+	env_prepend("LD_PRELOAD", info.dli_fname, true);
+}
+#else
+static void asan_first(void)
+{
+}
+#endif
+
 /* ursa run: ursa's libibverbs (and provider stand-ins) first on the
  * library path, and libursa-preload.so, which shows the device's sysfs
  * tree and /dev/infiniband node (src/preload/sysfs_preload.c), after any
@@ -503,6 +527,7 @@ static int cmd_run(int argc, char **argv)
 	snprintf(pre, sizeof(pre), "%s/libursa-preload.so", lib);
 	if (!access(pre, R_OK))
 		env_prepend("LD_PRELOAD", pre, false);
+	asan_first();
 	execvp(argv[1], argv + 1);
 	fprintf(stderr, "ursa run: %s: %s\n", argv[1], strerror(errno));
 	return 1;
