@@ -581,6 +581,9 @@ static int fill_wqe(struct ursa_qp *qp, struct ibv_send_wr *wr,
 		for (int i = 0; i < wr->num_sge; i++) {
 			if (n + wr->sg_list[i].length > qp->cap.max_inline_data)
 				return -EINVAL;
+			/* An empty entry may carry a NULL address (UCX). */
+			if (!wr->sg_list[i].length)
+				continue;
 			memcpy(w->inline_data + n,
 			       (void *)(uintptr_t)wr->sg_list[i].addr,
 			       wr->sg_list[i].length);

@@ -257,7 +257,8 @@ static void x_set_inline_list(struct ibv_qp_ex *qx, size_t n,
 			qp->wr_err = -EINVAL;
 			return;
 		}
-		memcpy(w->inline_data + off, b[i].addr, b[i].length);
+		if (b[i].length) /* an empty buffer may be NULL */
+			memcpy(w->inline_data + off, b[i].addr, b[i].length);
 		off += b[i].length;
 	}
 	w->inline_len = (uint32_t)off;

@@ -145,6 +145,24 @@ static int test_send_imm_sge_list_inline(void)
 		EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
 	}
 	EXPECT_TRUE(!strcmp(p.bbuf, "inline data"));
+
+	/* An inline entry of length 0 may have a NULL address (UCX posts
+	 * such): the empty payload arrives with its immediate. */
+	REQUIRE(post_recv1(p.b, p.bbuf, 64, p.bmr->lkey, 2) == 0);
+	s[0] = (struct ibv_sge){ 0, 0, 0 };
+	s[1] = (struct ibv_sge){ (uintptr_t)p.abuf, 4, 0 };
+	memcpy(p.abuf, "tail", 4);
+	wr.num_sge = 2;
+	wr.opcode = IBV_WR_SEND_WITH_IMM;
+	wr.imm_data = htobe32(7);
+	REQUIRE(ibv_post_send(p.a, &wr, &bad) == 0);
+	for (int i = 0; i < 2; i++) {
+		REQUIRE(wait_wc(p.f.cq, &wc, 2000) == 1);
+		EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+		if (wc.opcode == IBV_WC_RECV)
+			EXPECT_EQ(wc.byte_len, 4);
+	}
+	EXPECT_TRUE(!memcmp(p.bbuf, "tail", 4));
 	pair_close(&p);
 	return TEST_RESULT();
 }
