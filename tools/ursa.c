@@ -8,6 +8,7 @@
  *   ursa demo               two QPs: registration, keys, zero-copy transfers
  *   ursa mr SIZE [--thp|--odp]   register SIZE bytes, print the table
  *   ursa run -- PROG ARGS   run PROG with ursa's libibverbs.so.1
+ *   ursa setup [--undo]     the same for every program of the host (root)
  *   ursa version
  *
  * Exit status: 0 success, 1 runtime failure, 2 usage error.
@@ -29,6 +30,8 @@
 #include <infiniband/verbs.h>
 #include <ursa/ursa.h>
 
+#include "setup.h"
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -44,6 +47,9 @@ static void usage(FILE *f)
 		"                          LD_PRELOAD for the device's sysfs tree)\n"
 		"  stats -- PROG [ARGS]    the same, and print ursa's counters (per QP\n"
 		"                          when destroyed, RoCEv2 at exit) on stderr\n"
+		"  setup [--undo]          (root) make ursa the device of every program on\n"
+		"                          this host, however started: /etc/ld.so.preload,\n"
+		"                          /etc/ld.so.conf.d; --undo removes it\n"
 		"  version                 print the version\n"
 		"Environment: URSA_DEVICE_NAME (device name, default ursa0), URSA_NETDEV\n"
 		"(interface whose MTU the port follows), URSA_LOG=0|1|2, URSA_SPIN_US.\n");
@@ -482,28 +488,17 @@ static void env_prepend(const char *var, const char *dir, bool before)
 	setenv(var, env, 1);
 }
 
-#ifdef __SANITIZE_ADDRESS__
-extern void __asan_init(void);
-
 /* A sanitizer build's libraries need the ASan runtime first in the
  * program's initial library list (before libursa-preload.so, and in
- * uninstrumented programs at all): put the runtime this ursa runs on at the
- * head of LD_PRELOAD. */
+ * uninstrumented programs at all). */
 static void asan_first(void)
 {
-	Dl_info info;
+	const char *asan = asan_runtime();
 	const char *old = getenv("LD_PRELOAD");
 
-	if (!dladdr((void *)__asan_init, &info) || !info.dli_fname ||
-	    (old && strstr(old, info.dli_fname)))
-		return;
-	env_prepend("LD_PRELOAD", info.dli_fname, true);
+	if (asan && !(old && strstr(old, asan)))
+		env_prepend("LD_PRELOAD", asan, true);
 }
-#else
-static void asan_first(void)
-{
-}
-#endif
 
 /* ursa run: ursa's libibverbs (and provider stand-ins) first on the
  * library path, and libursa-preload.so, which shows the device's sysfs
@@ -547,6 +542,13 @@ int main(int argc, char **argv)
 		return cmd_mr(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "run"))
 		return cmd_run(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "setup")) {
+		char lib[PATH_MAX];
+
+		if (lib_dir(lib, sizeof(lib)))
+			return 1;
+		return cmd_setup(lib, argc - 1, argv + 1);
+	}
 	if (!strcmp(argv[1], "stats")) {
 		setenv("URSA_STATS", "1", 1);
 		return cmd_run(argc - 1, argv + 1);
