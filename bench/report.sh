@@ -10,7 +10,8 @@
 # per GiB moved), registration cost (bench/regcost, against mlock), the
 # loopback limits (UDP ping-pong, TCP stream), UCX's ucx_perftest over
 # shared memory and TCP when installed, RoCEv2 between two network
-# namespaces (bench/hosts.sh, root), and the key-value store
+# namespaces (bench/hosts.sh, root), MPI over ursa against Open MPI's and
+# UCX's shared memory and UCX tcp (bench/mpi.sh), and the key-value store
 # (bench/kv.sh). Writes CSV files, SVG plots (gnuplot, when installed) and
 # report.md into bench/out (URSA_BENCH_OUT). Asserts no speed: --quick
 # (about a minute) is CI's smoke run and checks only that every part ran.
@@ -31,7 +32,7 @@ E="env LD_LIBRARY_PATH=$LIB"
 NP="$BB/netpeer"
 R="$OUT/report.md"
 step=0
-STEPS=9
+STEPS=10
 missing=""
 say() { step=$((step + 1)); echo "[$step/$STEPS] $*" >&2; }
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -154,11 +155,15 @@ else
 	echo "(needs root for network namespaces)" >"$OUT/hosts.txt"
 fi
 
-# --- 8. the key-value store -------------------------------------------------------
+# --- 8. MPI: Open MPI over ursa against its own and UCX's shared memory, UCX tcp
+say "MPI (Open MPI): ursa against vader and UCX shm on one host, UCX tcp between namespaces"
+sh "$(dirname "$0")/mpi.sh" ${QUICK:+--quick} "$BUILD" "$OUT/mpi.csv" >"$OUT/mpi.txt" 2>&1 || note "mpi.sh failed"
+
+# --- 9. the key-value store -------------------------------------------------------
 say "key-value store: TCP, SEND/RECV, one-sided READ, Redis"
 sh "$(dirname "$0")/kv.sh" "$BUILD" $SECS "$OUT/kv.md" >"$OUT/kv.txt" 2>&1 || note "kv.sh failed"
 
-# --- 9. plots and the report -------------------------------------------------
+# --- 10. plots and the report -------------------------------------------------
 say "plots and report"
 if have gnuplot; then
 	awk -F, '$1 == "bw" && $2 == "write" && $4 == 1 {print $3, $5, $7}' "$OUT/samehost.csv" >"$OUT/p_bw_write.dat"
@@ -281,6 +286,17 @@ S="$OUT/samehost.csv"; H="$OUT/hosts.csv"; U="$OUT/ucx.csv"
 		"$(get "$H" '$2=="tcp_MBps"' 4)" "TCP stream"
 	row "1 MiB WRITE, between namespaces, MTU 9000" "$(get "$H" '$1=="bw_mtu9000"&&$2=="write"' 4)" MB/s \
 		"$(get "$H" '$2=="tcp_MBps_mtu9000"' 4)" "TCP stream, MTU 9000"
+	M="$OUT/mpi.csv"
+	row "MPI 8 B one way, one host" "$(get "$M" '$1=="one_host"&&$2=="ursa"&&$3=="lat"' 5)" µs \
+		"$(get "$M" '$1=="one_host"&&$2=="vader"&&$3=="lat"' 5)" "Open MPI ob1 + vader"
+	row "MPI 1 MiB bandwidth, one host" "$(get "$M" '$1=="one_host"&&$2=="ursa"&&$3=="bw"' 5)" MB/s \
+		"$(get "$M" '$1=="one_host"&&$2=="vader"&&$3=="bw"' 5)" "Open MPI ob1 + vader"
+	row "MPI 1 MiB bandwidth, one host" "$(get "$M" '$1=="one_host"&&$2=="ursa"&&$3=="bw"' 5)" MB/s \
+		"$(get "$M" '$1=="one_host"&&$2=="ucx_shm"&&$3=="bw"' 5)" "Open MPI over UCX shm"
+	row "MPI 8 B one way, between namespaces" "$(get "$M" '$1=="two_hosts"&&$2=="ursa"&&$3=="lat"' 5)" µs \
+		"$(get "$M" '$1=="two_hosts"&&$2=="ucx_tcp"&&$3=="lat"' 5)" "Open MPI over UCX tcp"
+	row "MPI 1 MiB bandwidth, between namespaces" "$(get "$M" '$1=="two_hosts"&&$2=="ursa"&&$3=="bw"' 5)" MB/s \
+		"$(get "$M" '$1=="two_hosts"&&$2=="ucx_tcp"&&$3=="bw"' 5)" "Open MPI over UCX tcp"
 	if [ -s "$OUT/kv.md" ]; then
 		kvr=$(awk -F'|' '/^\| read /{gsub(/ /, "", $3); print $3; exit}' "$OUT/kv.md")
 		kvt=$(awk -F'|' '/^\| tcp /{gsub(/ /, "", $3); print $3; exit}' "$OUT/kv.md")
@@ -333,6 +349,10 @@ csvtable() { # FILE: a CSV as a Markdown table
 	echo '```'; cat "$OUT/hosts.txt"; echo '```'
 	echo
 	[ -s "$OUT/hosts.csv" ] && { csvtable "$OUT/hosts.csv"; echo; }
+	echo "## MPI (bench/mpi.sh: tests/mpi/mpi_check.c lat and bw, 2 ranks of Open MPI)"
+	echo
+	echo '```'; cat "$OUT/mpi.txt"; echo '```'
+	echo
 	echo "## Key-value store (bench/kv.sh)"
 	echo
 	if [ -s "$OUT/kv.md" ]; then cat "$OUT/kv.md"; else echo '```'; cat "$OUT/kv.txt"; echo '```'; fi
@@ -350,6 +370,9 @@ for f in samehost.csv regcost.csv udp_lat.csv; do
 	[ "$(wc -l <"$OUT/$f")" -ge 2 ] || { echo "missing figures: $f" >&2; bad=1; }
 done
 grep -q "^tcp_loopback_MBps,[0-9]" "$OUT/tcp.csv" || { echo "missing figures: tcp.csv" >&2; bad=1; }
+if have mpirun.openmpi && have mpicc.openmpi && [ "$(wc -l <"$OUT/mpi.csv")" -lt 7 ]; then
+	echo "missing figures: mpi.csv" >&2; bad=1
+fi
 if have ib_write_lat && [ "$(wc -l <"$OUT/perftest_lat.csv")" -lt 2 ]; then
 	echo "missing figures: perftest_lat.csv" >&2; bad=1
 fi

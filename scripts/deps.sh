@@ -15,7 +15,7 @@ if [ "$1" = test ] || [ "$1" = bench ]; then
 	need="$need libfabric-bin python3-pyverbs"
 fi
 optional=""
-[ "$1" = bench ] && optional="gnuplot-nox redis-server redis-tools"
+[ "$1" = bench ] && optional="gnuplot-nox redis-server redis-tools ethtool"
 
 missing_of() {
 	m=""

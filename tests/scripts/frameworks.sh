@@ -305,7 +305,7 @@ if [ -n "$MPI_OMPI" ]; then
 	for np in 2 4; do
 		# shellcheck disable=SC2086
 		ip netns exec $H1 env PMIX_MCA_gds=hash $RUN timeout 120 mpirun.openmpi $OMPI_ARGS \
-			--mca plm_rsh_agent "$tmp/nsrsh" --host h1:2,h2:2 --map-by node -np $np \
+			--mca plm_rsh_agent "$tmp/nsrsh" --host h1:2,h2:2 --map-by node --bind-to none -np $np \
 			"$MPI_OMPI" >"$tmp/m" 2>&1; rc=$?
 		mpi_result "Open MPI (pml ucx, osc ucx), $np ranks on two hosts, $(roce_pkts "$tmp/m") RoCEv2 packets"
 	done
