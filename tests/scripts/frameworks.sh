@@ -221,7 +221,9 @@ else
 fi
 
 # ---------------------------------------------------------------- pyverbs
-if [ -x $PY ] && $PY -c 'import pyverbs.device' 2>/dev/null; then
+# (Installed? Asked of the system's libibverbs: a sanitizer build's
+# library would not load without its runtime.)
+if [ -x $PY ] && env -u LD_LIBRARY_PATH -u LD_PRELOAD $PY -c 'import pyverbs.device' 2>/dev/null; then
 	# every provider module imports (they link libmlx5.so.1, libefa.so.1)
 	if $RUN $PY -c 'import pyverbs.providers.mlx5.mlx5dv, pyverbs.providers.efa.efadv, pyverbs.device as d
 print(d.get_device_list()[0].name.decode())' >"$tmp/p" 2>&1 && grep -q '^ursa0$' "$tmp/p"; then
@@ -319,7 +321,7 @@ if [ -n "$MPI_MPICH" ]; then
 		mpi_result "MPICH (ch4:ucx), $np ranks on two hosts, $(roce_pkts "$tmp/m") RoCEv2 packets"
 	done
 fi
-if [ -x $PY ] && $PY -c 'import pyverbs.device' 2>/dev/null; then
+if [ -x $PY ] && env -u LD_LIBRARY_PATH -u LD_PRELOAD $PY -c 'import pyverbs.device' 2>/dev/null; then
 	srv_cli "$IN1 timeout 60 $PY $SRC/tests/py/rc_ops.py server 7712" \
 		"$IN2 timeout 60 $PY $SRC/tests/py/rc_ops.py client $IP1 7712"
 	pk=$(roce_pkts "$tmp/c")
