@@ -75,6 +75,11 @@ struct ursa_qp_stats {
 	 * MR pages mapped into this process (shared mapping, no system
 	 * call); and atomics carried out the same way */
 	uint64_t map_bytes, map_atomics;
+	/* same host, as target: connections refused (a forged source QPN,
+	 * a memfd not sealed or too small, another user over its share,
+	 * no hello in time), and requests dropped because they came from a
+	 * QP that is not this QP's connected peer */
+	uint64_t refused_chans, not_peer;
 };
 
 int ursa_qp_stats(struct ibv_qp *qp, struct ursa_qp_stats *st);

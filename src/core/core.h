@@ -237,6 +237,8 @@ struct ursa_qp_counters {
 	/* RoCEv2 (transport/udp.c) */
 	atomic_uint_fast64_t pkts_tx, pkts_rx, naks_seq, naks_inv, naks_access,
 		naks_op, rnr_rcvd, drops;
+	/* same host, as target (ursa_qp_stats) */
+	atomic_uint_fast64_t refused_chans, not_peer;
 };
 
 /* Add to a counter whose writers all hold one lock (ctx->qp_lock for the

@@ -56,21 +56,13 @@ static struct ursa_pubmem *pub_get(void)
 	pub_failed = true;	/* until it worked */
 	if (!pub_enabled())
 		return NULL;
-	fd = memfd_create("ursa-pub", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	/* Its size never changes (a peer that mapped it cannot be made to
+	 * fault by a shrink), and only this process writes it: a peer that
+	 * was sent the descriptor cannot forge an entry that redirects
+	 * another peer's WRITE. */
+	fd = ursa_memfd_shared("ursa-pub", sizeof(*pub), true, &p);
 	if (fd < 0)
 		return NULL;
-	if (ftruncate(fd, sizeof(*pub))) {
-		close(fd);
-		return NULL;
-	}
-	/* The size never changes: a peer that mapped it cannot be made to
-	 * fault by a shrink. */
-	fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
-	p = mmap(NULL, sizeof(*pub), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED) {
-		close(fd);
-		return NULL;
-	}
 	pub = p;
 	pub->magic = URSA_PUB_MAGIC;
 	pub->nqp = URSA_PUB_QPS;
@@ -275,20 +267,16 @@ void ursa_pub_atfork_child(void)
 
 const struct ursa_pubmem *ursa_pub_map(int fd)
 {
-	struct stat st;
 	struct ursa_pubmem *m;
-	int seals;
 
 	/* The peer chose the object: it must be at least as large as what we
-	 * read, or a short one would SIGBUS us. It is sealed against
-	 * shrinking by its owner (a peer that did not seal it can only hurt
-	 * itself: we read, never trust, its contents). */
-	seals = fcntl(fd, F_GET_SEALS);
-	if (fstat(fd, &st) || (size_t)st.st_size < sizeof(*m) || seals < 0 ||
-	    !(seals & F_SEAL_SHRINK))
-		return NULL;
-	m = mmap(NULL, sizeof(*m), PROT_READ, MAP_SHARED, fd, 0);
-	if (m == MAP_FAILED)
+	 * read and sealed against shrinking, or it could SIGBUS us, and
+	 * sealed against writes by anyone but its owner, or a third process
+	 * holding it could have forged what we are about to follow. (An
+	 * owner that lies can only hurt itself: the entries name its own
+	 * memory.) */
+	m = ursa_memfd_map_peer(fd, sizeof(*m), F_SEAL_FUTURE_WRITE, false);
+	if (!m)
 		return NULL;
 	if (m->magic != URSA_PUB_MAGIC || m->nqp != URSA_PUB_QPS ||
 	    m->nmr != URSA_PUB_MRS) {

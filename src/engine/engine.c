@@ -555,17 +555,14 @@ int ursa_engine_start(struct ursa_ctx *ctx)
 						 1000000) * 1000ull;
 	e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	e->epfd = epoll_create1(EPOLL_CLOEXEC);
-	e->ctl_fd = memfd_create("ursa-ctl", MFD_CLOEXEC);
-	if (e->efd < 0 || e->epfd < 0 || e->ctl_fd < 0 ||
-	    ftruncate(e->ctl_fd, 4096)) {
+	if (e->efd < 0 || e->epfd < 0) {
 		ret = -errno;
 		goto err;
 	}
-	e->ctl = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED,
-		      e->ctl_fd, 0);
-	if (e->ctl == MAP_FAILED) {
-		e->ctl = NULL;
-		ret = -errno;
+	/* Peers read the page; only this process writes it. */
+	e->ctl_fd = ursa_memfd_shared("ursa-ctl", 4096, true, (void **)&e->ctl);
+	if (e->ctl_fd < 0) {
+		ret = e->ctl_fd;
 		goto err;
 	}
 	e->ctl->magic = 0x5552534cu;

@@ -66,6 +66,7 @@ const char *ursa_why_str(uint32_t code)
 		[URSA_WHY_PEER_MEM] = "the requester's memory could not be read or written (peer gone or access denied)",
 		[URSA_WHY_PEER_DEAD] = "no answer: the peer process is gone",
 		[URSA_WHY_RD_ATOMIC] = "responder has no READ/atomic resources (max_dest_rd_atomic 0)",
+		[URSA_WHY_NOT_PEER] = "dropped: the request came from a QP that is not the target's connected peer",
 	};
 	static __thread char buf[160];
 	uint32_t c = code & ~(uint32_t)URSA_WHY_REMOTE;

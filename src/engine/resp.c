@@ -499,6 +499,18 @@ void ursa_resp_execute(struct ursa_qp *tqp, const struct ursa_req *r,
 		resp->why = URSA_WHY_NOT_READY;
 		return;
 	}
+	/* A connected QP takes requests from its peer only, as a RoCE NIC
+	 * drops packets whose source does not match the QP's address vector
+	 * (rxe's check_addr). The transports vouch for src_qpn: the shm
+	 * transport by the kernel's credentials of the QP's listener, the
+	 * RoCEv2 path by the packet's source address. */
+	if (t != IBV_QPT_UD &&
+	    (r->src_qpn & 0xffffff) != (tqp->attr.dest_qp_num & 0xffffff)) {
+		resp->ack = URSA_DROPPED;
+		resp->why = URSA_WHY_NOT_PEER;
+		atomic_fetch_add(&tqp->cnt.not_peer, 1);
+		return;
+	}
 	if (t == IBV_QPT_UD) {
 		uint32_t mtu = (uint32_t)ursa_mtu_bytes(
 			ursa_device_get()->active_mtu);

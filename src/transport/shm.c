@@ -74,26 +74,6 @@ struct ursa_chanmem {
 	struct ursa_wresp resp[URSA_SHM_SLOTS];
 };
 
-struct hello {
-	uint32_t magic, version;
-	uint32_t src_qpn, dst_qpn, qp_type;
-	uint32_t pad;
-	uint64_t probe_addr, probe_val;
-};
-
-struct welcome {
-	uint32_t magic, version;
-	int32_t status;		/* 0, or -errno: the target refuses */
-	uint32_t cma_ok;
-	/* With a third descriptor (the target's published table, pub.h):
-	 * the target QP's word in it, and a word of the target for the
-	 * requester's own cross-memory attach probe. */
-	int32_t qp_slot;
-	int32_t pub_fd;		/* the table's descriptor number in the target:
-				 * the requester's probe of /proc/<pid>/fd */
-	uint64_t probe_addr, probe_val;
-};
-
 static const uint64_t probe_value = 0x7572736170726f62ull; /* "ursaprob" */
 static volatile uint64_t probe_word = 0x7572736170726f62ull;
 
@@ -177,19 +157,6 @@ void ursa_shm_unlisten(struct ursa_qp *qp)
 	} else {
 		free(w);
 	}
-}
-
-static void *map_fd(int fd, size_t size)
-{
-	struct stat st;
-	void *p;
-
-	/* The peer chose the object: make sure it is as large as we will
-	 * touch, or a short one would SIGBUS us. */
-	if (fstat(fd, &st) || (size_t)st.st_size < size)
-		return NULL;
-	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	return p == MAP_FAILED ? NULL : p;
 }
 
 static void chan_release(struct ursa_chan *c)
@@ -406,7 +373,7 @@ static struct ursa_chan *chan_connect(struct ursa_qp *qp, uint32_t dqpn)
 	struct ursa_engine *e = qp->ctx->eng;
 	struct sockaddr_un sa;
 	struct ursa_chan *c;
-	struct hello h = { 0 };
+	struct ursa_shm_hello h = { 0 };
 	socklen_t len;
 	int memfd, fds[3];
 
@@ -426,12 +393,12 @@ static struct ursa_chan *chan_connect(struct ursa_qp *qp, uint32_t dqpn)
 	sock_name(&sa, &len, dqpn);
 	if (connect(c->sock, (struct sockaddr *)&sa, len))
 		goto fail;	/* no such QPN on this host (or backlog full) */
-	memfd = memfd_create("ursa-chan", MFD_CLOEXEC);
-	if (memfd < 0)
-		goto fail;
-	if (ftruncate(memfd, sizeof(*c->mem)) ||
-	    !(c->mem = map_fd(memfd, sizeof(*c->mem)))) {
-		close(memfd);
+	/* Both sides write the rings; its size is sealed. */
+	memfd = ursa_memfd_shared("ursa-chan", sizeof(*c->mem), false,
+				  (void **)&c->mem);
+	if (memfd < 0) {
+		errno = -memfd;
+		c->mem = NULL;
 		goto fail;
 	}
 	c->mem->magic = URSA_SHM_MAGIC;
@@ -501,7 +468,8 @@ static bool proc_fd_same(pid_t pid, int n, int mine)
  * use cross-memory attach on the target, which it probes on a word whose
  * value the target told it.
  */
-static void direct_setup(struct ursa_chan *c, int fd, const struct welcome *wl)
+static void direct_setup(struct ursa_chan *c, int fd,
+			 const struct ursa_shm_welcome *wl)
 {
 	uint64_t v = 0;
 	struct iovec l = { &v, 8 },
@@ -524,7 +492,7 @@ static void direct_setup(struct ursa_chan *c, int fd, const struct welcome *wl)
 /* The target's answer to our hello. */
 static void chan_welcome(struct ursa_engine *e, struct ursa_chan *c)
 {
-	struct welcome wl;
+	struct ursa_shm_welcome wl;
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
 	int fds[3], nfds;
@@ -540,7 +508,8 @@ static void chan_welcome(struct ursa_engine *e, struct ursa_chan *c)
 		chan_dead(e, c);
 		return;
 	}
-	c->peer_ctl = map_fd(fds[0], sizeof(*c->peer_ctl));
+	c->peer_ctl = ursa_memfd_map_peer(fds[0], sizeof(*c->peer_ctl),
+					  F_SEAL_FUTURE_WRITE, false);
 	close(fds[0]);
 	c->peer_efd = fds[1];
 	if (!c->peer_ctl) {
@@ -1249,15 +1218,37 @@ timeout:
 
 /* --- responder side ------------------------------------------------------ */
 
+/* May another user's connection be served? Not beyond its share. */
+static bool foreign_room(struct ursa_engine *e, uid_t uid)
+{
+	unsigned int pending = 0, all = 0;
+
+	for (struct ursa_chan *c = e->served; c; c = c->next) {
+		if (c->peer_uid != uid || c->state == URSA_CHAN_DEAD)
+			continue;
+		all++;
+		pending += c->state == URSA_CHAN_CONNECTING;
+	}
+	return pending < URSA_SHM_FOREIGN_PENDING && all < URSA_SHM_FOREIGN_CHANS;
+}
+
 static void accept_chan(struct ursa_engine *e, struct ursa_qp *qp)
 {
 	for (;;) {
 		int s = accept4(qp->listen_fd, NULL, NULL,
 				SOCK_CLOEXEC | SOCK_NONBLOCK);
 		struct ursa_chan *c;
+		struct ucred cred;
+		socklen_t cl = sizeof(cred);
 
 		if (s < 0)
 			return;
+		if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) ||
+		    (cred.uid != geteuid() && !foreign_room(e, cred.uid))) {
+			atomic_fetch_add(&qp->cnt.refused_chans, 1);
+			close(s);
+			continue;
+		}
 		c = calloc(1, sizeof(*c));
 		if (!c) {
 			close(s);
@@ -1268,6 +1259,9 @@ static void accept_chan(struct ursa_engine *e, struct ursa_qp *qp)
 		c->sock = s;
 		c->qp = qp;
 		c->peer_efd = -1;
+		c->peer_pid = cred.pid;
+		c->peer_uid = cred.uid;
+		c->hello_by = ursa_now_ns() + URSA_SHM_HELLO_NS;
 		c->watch.kind = URSA_W_CHAN;
 		c->watch.ptr = c;
 		if (epoll_add(e, s, &c->watch, EPOLLIN | EPOLLRDHUP)) {
@@ -1279,11 +1273,38 @@ static void accept_chan(struct ursa_engine *e, struct ursa_qp *qp)
 	}
 }
 
+/*
+ * Does process pid own QPN qpn on this host? A hello's source QPN is only a
+ * claim: it names the QP whose completions will say src_qp, and the QP an
+ * RC or UC target accepts as its connected peer. Only the process that
+ * created a QP listens on its name (ursa_shm_listen; the abstract name is
+ * unique in the network namespace), and the kernel keeps the listener's
+ * credentials from listen(): connect to the name and ask SO_PEERCRED. The
+ * owner's engine sees the connection close without a hello and drops it.
+ */
+static bool owns_qpn(pid_t pid, uint32_t qpn)
+{
+	struct sockaddr_un sa;
+	struct ucred cr;
+	socklen_t len, cl = sizeof(cr);
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	bool ok;
+
+	if (s < 0)
+		return false;
+	sock_name(&sa, &len, qpn);
+	ok = !connect(s, (struct sockaddr *)&sa, len) &&
+	     !getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) && cr.pid == pid;
+	close(s);
+	return ok;
+}
+
 static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 {
-	struct hello h;
-	struct welcome wl = { URSA_SHM_MAGIC, URSA_SHM_VERSION, 0, 0, -1, -1,
-			      (uintptr_t)&probe_word, probe_value };
+	struct ursa_shm_hello h;
+	struct ursa_shm_welcome wl = { URSA_SHM_MAGIC, URSA_SHM_VERSION, 0, 0,
+				       -1, -1, (uintptr_t)&probe_word,
+				       probe_value };
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
 	int fds[3], nfds, out[3], nout = 2;
@@ -1299,12 +1320,14 @@ static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 		chan_dead(e, c);
 		return;
 	}
-	c->mem = map_fd(fds[0], sizeof(*c->mem));
-	c->peer_ctl = map_fd(fds[1], sizeof(*c->peer_ctl));
+	c->mem = ursa_memfd_map_peer(fds[0], sizeof(*c->mem), 0, true);
+	c->peer_ctl = ursa_memfd_map_peer(fds[1], sizeof(*c->peer_ctl),
+					  F_SEAL_FUTURE_WRITE, false);
 	close(fds[0]);
 	close(fds[1]);
 	c->peer_efd = fds[2];
 	c->peer_pid = cred.pid;	/* the kernel's word, not the hello's */
+	c->peer_uid = cred.uid;
 	c->peer_qpn = h.src_qpn & 0xffffff;
 	c->last_resp = calloc(1, sizeof(struct ursa_wresp));
 	if (!c->mem || !c->peer_ctl || !c->last_resp ||
@@ -1314,6 +1337,10 @@ static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 	}
 	if (h.qp_type != c->qp->ex.qp_base.qp_type)
 		wl.status = -EPROTOTYPE;
+	else if (!owns_qpn(c->peer_pid, c->peer_qpn))
+		wl.status = -EACCES;	/* a forged source QPN */
+	if (wl.status)
+		atomic_fetch_add(&c->qp->cnt.refused_chans, 1);
 	/* Can we reach the requester's memory? Try it on a word whose value
 	 * we know. URSA_CMA=0 forces the slot path (tests, benchmarks). */
 	if (ursa_env_long("URSA_CMA", 1, 0, 1)) {
@@ -1326,8 +1353,16 @@ static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 	c->cma = wl.cma_ok;
 	out[0] = e->ctl_fd;
 	out[1] = e->efd;
-	/* Connected QPs may take WRITE and READ directly (pub.h). */
-	if (c->qp->ex.qp_base.qp_type != IBV_QPT_UD && !wl.status) {
+	/* Connected QPs of the same user may take WRITE and READ directly
+	 * (pub.h). The table names every published rkey and address: another
+	 * uid, which could use none of it (no cross-memory attach, no
+	 * /proc/<pid>/fd across users), is not shown it and goes through the
+	 * ring, where this side checks every key. Nor is a QP that is not
+	 * (yet) this QP's connected peer: the direct path bypasses the
+	 * responder, which drops requests from anyone else (resp.c). */
+	if (c->qp->ex.qp_base.qp_type != IBV_QPT_UD && !wl.status &&
+	    cred.uid == geteuid() &&
+	    c->peer_qpn == (c->qp->attr.dest_qp_num & 0xffffff)) {
 		int fd = ursa_pub_fd(), slot = fd >= 0 ? ursa_pub_qp_slot(c->qp) : -1;
 
 		if (slot >= 0) {
@@ -1547,6 +1582,12 @@ int ursa_shm_serve(struct ursa_engine *e)
 	for (struct ursa_chan **pp = &e->served; *pp;) {
 		struct ursa_chan *c = *pp;
 
+		if (c->state == URSA_CHAN_CONNECTING && c->hello_by &&
+		    ursa_now_ns() > c->hello_by) {
+			/* connected and said nothing: a held descriptor */
+			atomic_fetch_add(&c->qp->cnt.refused_chans, 1);
+			chan_dead(e, c);
+		}
 		if (c->state == URSA_CHAN_DEAD) {
 			*pp = c->next;
 			chan_free(e, c);

@@ -36,9 +36,32 @@
 #include "../core/pub.h"
 
 #define URSA_SHM_MAGIC 0x55525341u /* "URSA" */
-#define URSA_SHM_VERSION 3
+#define URSA_SHM_VERSION 4	/* 4: sealed memfds, verified source QPNs */
 #define URSA_SHM_SLOTS 4
 #define URSA_SHM_INLINE 8192	/* payload bytes a slot carries */
+
+/* The handshake on the channel socket (tests/tools/shm_attack.c speaks it
+ * too): the requester's hello with its three descriptors, the target's
+ * welcome with two or three. */
+struct ursa_shm_hello {
+	uint32_t magic, version;
+	uint32_t src_qpn, dst_qpn, qp_type;
+	uint32_t pad;
+	uint64_t probe_addr, probe_val;
+};
+
+struct ursa_shm_welcome {
+	uint32_t magic, version;
+	int32_t status;		/* 0, or -errno: the target refuses */
+	uint32_t cma_ok;
+	/* With a third descriptor (the target's published table, pub.h):
+	 * the target QP's word in it, and a word of the target for the
+	 * requester's own cross-memory attach probe. */
+	int32_t qp_slot;
+	int32_t pub_fd;		/* the table's descriptor number in the target:
+				 * the requester's probe of /proc/<pid>/fd */
+	uint64_t probe_addr, probe_val;
+};
 
 enum ursa_chan_state { URSA_CHAN_CONNECTING, URSA_CHAN_READY, URSA_CHAN_DEAD };
 enum ursa_chan_role { URSA_CHAN_REQUESTER, URSA_CHAN_RESPONDER };
@@ -89,8 +112,17 @@ struct ursa_chan {
 	struct ursa_rstate rs;	/* responder: fragmented SEND in progress */
 	void *last_resp;	/* responder: last response, for duplicates */
 	bool closed;		/* waiting in the engine's graveyard */
+	uint64_t hello_by;	/* responder: the hello's deadline (ns) */
 	struct ursa_chan *next;
 };
+
+/* What one other user may hold of a process's channels (its own user may
+ * hold anything: it could ptrace the process anyway): handshakes not
+ * finished, and channels in all; beyond, connections are closed at once.
+ * A hello must arrive within URSA_SHM_HELLO_NS of the connect. */
+#define URSA_SHM_FOREIGN_PENDING 16
+#define URSA_SHM_FOREIGN_CHANS 256
+#define URSA_SHM_HELLO_NS 2000000000ull
 
 /* QPN registry: bind the QP's socket; -EADDRINUSE if the QPN is taken. */
 int ursa_shm_listen(struct ursa_qp *qp, uint32_t qpn);

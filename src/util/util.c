@@ -5,6 +5,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -13,7 +14,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -134,4 +137,52 @@ __attribute__((constructor)) static void prefetchw_probe(void)
 	if (__get_cpuid(0x80000001, &a, &b, &c, &d))
 		ursa_have_prefetchw = c & (1u << 8);
 #endif
+}
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010	/* Linux 5.1 */
+#endif
+
+int ursa_memfd_shared(const char *name, size_t size, bool only_we_write,
+		      void **map)
+{
+	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING), err;
+	void *p;
+
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size))
+		goto fail;
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		goto fail;
+	/* After the mapping: the future-write seal leaves it writable. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW |
+		  (only_we_write ? F_SEAL_FUTURE_WRITE : 0) | F_SEAL_SEAL)) {
+		err = -errno;
+		munmap(p, size);
+		close(fd);
+		return err;
+	}
+	*map = p;
+	return fd;
+fail:
+	err = -errno;
+	close(fd);
+	return err;
+}
+
+void *ursa_memfd_map_peer(int fd, size_t size, int seals, bool writable)
+{
+	int want = F_SEAL_SHRINK | F_SEAL_GROW | seals;
+	int have = fcntl(fd, F_GET_SEALS);
+	struct stat st;
+	void *p;
+
+	if (have < 0 || (have & want) != want || fstat(fd, &st) ||
+	    (size_t)st.st_size < size)
+		return NULL;
+	p = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0),
+		 MAP_SHARED, fd, 0);
+	return p == MAP_FAILED ? NULL : p;
 }

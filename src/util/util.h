@@ -168,4 +168,22 @@ uint64_t ursa_rand64(void);
 /* Environment helpers: integer with default, bounded. */
 long ursa_env_long(const char *name, long def, long min, long max);
 
+/*
+ * Memory shared with other processes (a memfd whose descriptor crosses a
+ * socket). ursa_memfd_shared creates one of size bytes, maps it read-write
+ * in *map, and seals it: its size never changes (F_SEAL_SHRINK, GROW), so
+ * no holder can make another's accesses fault (SIGBUS), and with
+ * only_we_write no holder can ever write it but this mapping
+ * (F_SEAL_FUTURE_WRITE: no write(2), no new writable mapping). Returns the
+ * descriptor or -errno.
+ *
+ * ursa_memfd_map_peer maps what a peer sent, after checking it: at least
+ * size bytes, sealed against shrinking and growing, and sealed against
+ * writes by others when the caller relies on that (seals). Read-only unless
+ * writable. NULL if it fails a check.
+ */
+int ursa_memfd_shared(const char *name, size_t size, bool only_we_write,
+		      void **map);
+void *ursa_memfd_map_peer(int fd, size_t size, int seals, bool writable);
+
 #endif

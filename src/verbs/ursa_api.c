@@ -108,6 +108,8 @@ EXPORT int ursa_qp_stats(struct ibv_qp *ibqp, struct ursa_qp_stats *st)
 	st->naks_op = atomic_load(&qp->cnt.naks_op);
 	st->rnr_rcvd = atomic_load(&qp->cnt.rnr_rcvd);
 	st->drops = atomic_load(&qp->cnt.drops);
+	st->refused_chans = atomic_load(&qp->cnt.refused_chans);
+	st->not_peer = atomic_load(&qp->cnt.not_peer);
 	return 0;
 }
 
@@ -179,12 +181,13 @@ void ursa_stats_qp(struct ursa_qp *qp)
 		PRIu64 " slots %" PRIu64 " cma %" PRIu64 " direct %" PRIu64 " (mapped %" PRIu64 ", %" PRIu64 " atomics); rnr naks %" PRIu64
 		", retries %" PRIu64 ", errors %" PRIu64 "; RoCEv2 packets tx %" PRIu64
 		" rx %" PRIu64 ", NAKs received: PSN %" PRIu64 " invalid %" PRIu64
-		" access %" PRIu64 " op %" PRIu64 " RNR %" PRIu64 ", dropped %" PRIu64 "\n",
+		" access %" PRIu64 " op %" PRIu64 " RNR %" PRIu64 ", dropped %" PRIu64
+		"; refused: channels %" PRIu64 ", not the peer %" PRIu64 "\n",
 		qp->ex.qp_base.qp_num, st.sends, st.recvs, st.writes, st.reads,
 		st.atomics, st.tx_bytes, st.rx_bytes, st.loop_bytes,
 		st.ring_bytes, st.cma_bytes, st.direct_bytes, st.map_bytes, st.map_atomics, st.rnr_naks, st.retries, st.errors,
 		st.pkts_tx, st.pkts_rx, st.naks_seq, st.naks_inv, st.naks_access,
-		st.naks_op, st.rnr_rcvd, st.drops);
+		st.naks_op, st.rnr_rcvd, st.drops, st.refused_chans, st.not_peer);
 }
 
 void ursa_stats_exit(void)

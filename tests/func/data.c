@@ -675,6 +675,37 @@ static int test_retry_exceeded_no_peer(void)
 	return TEST_RESULT();
 }
 
+/* A connected QP takes requests from its peer only (rxe's check_addr): a
+ * third QP that names it as its destination is dropped and counted, its
+ * WRITE lands nowhere and ends in RETRY_EXC_ERR, and the pair goes on. */
+static int test_not_the_peer(void)
+{
+	struct ursa_qp_stats st;
+	struct ibv_qp *c;
+	struct ibv_wc wc;
+	struct pair p;
+
+	REQUIRE(pair_open(&p, IBV_QPT_RC, ALL_REMOTE, 4096) == 0);
+	c = make_qp(&p.f, IBV_QPT_RC, NULL, NULL, NULL);
+	REQUIRE(c && to_rts_ex(c, p.b->qp_num, ALL_REMOTE, 7, 10, 2, 1) == 0);
+	memset(p.abuf, 'x', 64);
+	REQUIRE(post_send1(c, IBV_WR_RDMA_WRITE, p.abuf, 64, p.amr->lkey,
+			   (uintptr_t)p.bbuf, p.bmr->rkey, 1) == 0);
+	REQUIRE(wait_wc(p.f.cq, &wc, 3000) == 1);
+	EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR);
+	EXPECT_EQ(p.bbuf[0], 0);
+	REQUIRE(ursa_qp_stats(p.b, &st) == 0);
+	EXPECT_TRUE(st.not_peer >= 1);
+	REQUIRE(post_send1(p.a, IBV_WR_RDMA_WRITE, p.abuf, 64, p.amr->lkey,
+			   (uintptr_t)p.bbuf, p.bmr->rkey, 2) == 0);
+	REQUIRE(wait_wc(p.f.cq, &wc, 3000) == 1);
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+	EXPECT_EQ(p.bbuf[63], 'x');
+	ibv_destroy_qp(c);
+	pair_close(&p);
+	return TEST_RESULT();
+}
+
 static int test_uc_write_and_silent_drop(void)
 {
 	struct pair p;
@@ -1065,6 +1096,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(remote_key_other_pd, "rkey of another PD is refused"),
 	TEST_ENTRY(local_errors, "LOC_PROT_ERR and LOC_LEN_ERR"),
 	TEST_ENTRY(retry_exceeded_no_peer, "unanswered requests: RETRY_EXC_ERR"),
+	TEST_ENTRY(not_the_peer, "a QP that is not the connected peer is dropped and counted"),
 	TEST_ENTRY(uc_write_and_silent_drop, "UC semantics"),
 	TEST_ENTRY(ud_grh_qkey, "UD: GRH, Q_Key, MTU"),
 	TEST_ENTRY(srq_and_limit_event, "SRQ shared by two QPs, limit event"),

@@ -1,0 +1,134 @@
+#!/bin/sh
+# isolation.sh - users of one host stay apart. Two real users are created
+# (and removed after): a victim runs a checked ibv_rc_pingpong pair while
+# an attacker, knowing no key, goes at the victim's QP sockets with
+# tests/tools/shm_attack.c: hellos forging the source QPN, hellos from a
+# QPN of its own (which must get neither the MR table nor a control page
+# it can write or resize), channel memfds it could truncate, and hundreds
+# of held connections. The victim must finish with its data checked, keep
+# its descriptors, start new QPs meanwhile, and count what it refused; and
+# the two users must still reach each other on purpose. Needs root.
+# Prints "N passed, N failed, N skipped".
+BUILD=${BUILD:-build}
+LIB="$(cd "$BUILD/lib" && pwd)"
+URSA="$(cd "$BUILD/bin" && pwd)/ursa"
+SRC="$(cd "$(dirname "$0")/../.." && pwd)"
+pass=0; fail=0; skip=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+done_() { echo "$pass passed, $fail failed, $skip skipped"; [ "$fail" = 0 ]; exit $?; }
+if [ "$(id -u)" != 0 ] || ! command -v useradd >/dev/null || ! command -v setpriv >/dev/null; then
+	echo "skip isolation: needs root, useradd and setpriv"; skip=1; done_
+fi
+tmp=$(mktemp -d); chmod 755 "$tmp"
+V=ursav$$; A=ursaa$$
+cleanup() {
+	pkill -u $V 2>/dev/null; pkill -u $A 2>/dev/null; sleep 0.2
+	pkill -9 -u $V 2>/dev/null; pkill -9 -u $A 2>/dev/null
+	userdel $V 2>/dev/null; userdel $A 2>/dev/null
+	rm -rf "$tmp" /tmp/ursa-"$vu" /tmp/ursa-"$au"
+}
+trap cleanup EXIT
+useradd -M -N -d /nonexistent -s /usr/sbin/nologin $V &&
+	useradd -M -N -d /nonexistent -s /usr/sbin/nologin $A || { bad useradd "failed"; done_; }
+vu=$(id -u $V); au=$(id -u $A)
+# as USER CMD...: a process of that user, with nothing of root's
+# environment that would point it at root's files
+as() {
+	u=$1; shift
+	setpriv --reuid="$(id -u "$u")" --regid="$(id -g "$u")" --clear-groups \
+		env -u XDG_RUNTIME_DIR HOME=/tmp "$@"
+}
+if ! as $V test -r "$LIB/libibverbs.so.1"; then
+	echo "skip isolation: $LIB is not readable by other users"; skip=1; done_
+fi
+asan=$(ldd "$LIB/libibverbs.so.1" 2>/dev/null | awk '/libasan/ {print $3}')
+if [ -n "$asan" ]; then
+	RUN="env LD_LIBRARY_PATH=$LIB LD_PRELOAD=$asan:$LIB/libursa-preload.so ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0"
+else
+	RUN="$URSA run --"
+fi
+cc -O2 -Wall -Wextra -Werror -D_GNU_SOURCE -I"$SRC/include" -o "$tmp/atk" \
+	"$SRC/tests/tools/shm_attack.c" || { bad "shm_attack" "does not build"; done_; }
+
+# The victim: a long checked ping-pong between two of its processes.
+N=300000
+as $V env URSA_STATS=1 $RUN timeout 120 ibv_rc_pingpong -g 0 -c -p 18661 -n $N >"$tmp/vs" 2>&1 &
+vs=$!
+sleep 0.5
+as $V env URSA_STATS=1 $RUN timeout 120 ibv_rc_pingpong -g 0 -c -p 18661 -n $N 127.0.0.1 >"$tmp/vc" 2>&1 &
+vc=$!
+# its QPNs, as any user sees them (the listening sockets' names)
+qpns=""
+for _ in $(seq 50); do
+	qpns=$(as $A "$tmp/atk" list | tr '\n' ' ')
+	[ "$(echo $qpns | wc -w)" -ge 2 ] && break
+	sleep 0.1
+done
+set -- $qpns
+if [ $# -lt 2 ]; then
+	bad "the victim's QPs" "not listed: '$qpns'"
+else
+	q1=$1; q2=$2
+	out=$(as $A "$tmp/atk" forge $q1 $q2; as $A "$tmp/atk" forge $q2 $q1)
+	[ "$(echo "$out" | grep -c '^ok ')" = 2 ] && ok "another user's hellos forging the peer's QPN are refused" ||
+		bad "forged hellos" "$out"
+	out=$(as $A "$tmp/atk" own $q1; as $A "$tmp/atk" own $q2)
+	[ "$(echo "$out" | grep -c '^ok ')" = 2 ] &&
+		ok "another user's hello from its own QPN gets no MR table and a control page it cannot write or resize" ||
+		bad "hello from an owned QPN" "$out"
+	out=$(as $A "$tmp/atk" unsealed $q1; as $A "$tmp/atk" unsealed $q2)
+	[ "$(echo "$out" | grep -c '^ok ')" = 2 ] && ok "a channel memfd not sealed against truncation is refused" ||
+		bad "unsealed channel" "$out"
+fi
+wait $vc; rc=$?
+wait $vs; rs=$?
+if [ $rc = 0 ] && [ $rs = 0 ] && grep -q "$N iters" "$tmp/vc" && grep -q "$N iters" "$tmp/vs"; then
+	ok "the victim's checked ping-pong ($N iterations) finished"
+else
+	bad "the victim's ping-pong" "client $rc server $rs: $(tail -n 3 "$tmp/vc" "$tmp/vs" | tr '\n' ' ')"
+fi
+refused=$(sed -n 's/.*refused: channels \([0-9]*\),.*/\1/p' "$tmp/vs" "$tmp/vc" | awk '{s += $1} END {print s + 0}')
+[ "$refused" -ge 4 ] && ok "the victim counted $refused refused channels (ursa stats)" ||
+	bad "refusals counted" "$refused"
+
+# Descriptor exhaustion: a victim server whose QP waits for its client;
+# the attacker holds 400 connections to it past the hello deadline; then
+# the client comes and the pair runs.
+as $A "$tmp/atk" list >"$tmp/before"
+as $V $RUN timeout 60 ibv_rc_pingpong -g 0 -c -p 18662 -n 20000 >"$tmp/v2s" 2>&1 &
+v2=$!
+q3=""
+for _ in $(seq 50); do
+	q3=$(as $A "$tmp/atk" list | grep -vxFf "$tmp/before" | head -1)
+	[ -n "$q3" ] && break
+	sleep 0.1
+done
+vpid=$(pgrep -u $V -f "ibv_rc_pingpong.*-p 18662" | head -1)
+fd0=$(ls /proc/$vpid/fd 2>/dev/null | wc -l)
+as $A "$tmp/atk" hold "$q3" 400 >"$tmp/hold" 2>&1 &
+hp=$!
+sleep 3	# past the hello deadline
+fd1=$(ls /proc/$vpid/fd 2>/dev/null | wc -l)
+if [ -n "$q3" ] && kill -0 "$vpid" 2>/dev/null && [ "$fd0" -gt 0 ] && [ "$fd1" -le $((fd0 + 20)) ]; then
+	ok "400 connections held to a waiting QP cost the victim $((fd1 - fd0)) descriptors ($(cat "$tmp/hold"))"
+else
+	bad "held connections" "qp '$q3' pid '$vpid' fds $fd0 -> $fd1 ($(cat "$tmp/hold"))"
+fi
+as $V $RUN timeout 60 ibv_rc_pingpong -g 0 -c -p 18662 -n 20000 127.0.0.1 >"$tmp/v2c" 2>&1; r2=$?
+wait $v2; r2s=$?
+[ $r2 = 0 ] && [ $r2s = 0 ] && grep -q "20000 iters" "$tmp/v2c" &&
+	ok "then its client comes and the pair runs, checked" ||
+	bad "the pair after the held connections" "client $r2 server $r2s: $(tail -n 2 "$tmp/v2c")"
+kill $hp 2>/dev/null
+# Two users on purpose: a server of one, a client of the other, data checked
+# (through the ring: cross-memory attach is not allowed between them).
+as $V $RUN timeout 60 ibv_rc_pingpong -g 0 -c -p 18663 -n 5000 >"$tmp/xs" 2>&1 &
+xs=$!
+sleep 0.5
+as $A $RUN timeout 60 ibv_rc_pingpong -g 0 -c -p 18663 -n 5000 127.0.0.1 >"$tmp/xc" 2>&1; xrc=$?
+wait $xs; xrs=$?
+[ $xrc = 0 ] && [ $xrs = 0 ] && grep -q "5000 iters" "$tmp/xc" &&
+	ok "two users' QPs reach each other on purpose (checked ping-pong)" ||
+	bad "cross-user pair" "client $xrc server $xrs: $(tail -n 2 "$tmp/xc" "$tmp/xs" | tr '\n' ' ')"
+done_
