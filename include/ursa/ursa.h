@@ -117,6 +117,10 @@ struct ursa_udp_stats {
 	/* requests held until the ACK that completes our send came (the
 	 * peer sends a held ACK after its next request) */
 	uint64_t reqs_held;
+	/* forwarding socket names held by a process other than the one
+	 * they name (refused), and packets for QPNs nobody on this host
+	 * owns dropped without a look-up (over the look-up budget) */
+	uint64_t drop_fwd_name, drop_unknown;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

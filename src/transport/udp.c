@@ -450,14 +450,21 @@ static struct {
 } fwd_out[FWD_OUT];		/* guarded by U.rx (the receiving thread) */
 static unsigned fwd_next;
 
-static void fwd_name(struct sockaddr_un *sa, socklen_t *len, pid_t pid)
+/* "@ursa/udp/<pid>", or "@ursa/udp/<pid>.<k>" when a squatter holds the
+ * plain name (FWD_NAMES tries; forwarders check the listener's pid). */
+#define FWD_NAMES 8
+
+static void fwd_name(struct sockaddr_un *sa, socklen_t *len, pid_t pid,
+		     int k)
 {
 	int n;
 
 	memset(sa, 0, sizeof(*sa));
 	sa->sun_family = AF_UNIX;
-	n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-		     "ursa/udp/%d", (int)pid);
+	n = k ? snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+			 "ursa/udp/%d.%d", (int)pid, k) :
+		snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+			 "ursa/udp/%d", (int)pid);
 	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
@@ -471,11 +478,20 @@ static int fwd_open(void)
 
 	if (fd < 0)
 		return -1;
-	fwd_name(&sa, &len, getpid());
+	for (int k = 0; k < FWD_NAMES; k++) {
+		fwd_name(&sa, &len, getpid(), k);
+		if (!bind(fd, (struct sockaddr *)&sa, len))
+			break;
+		if (errno != EADDRINUSE || k == FWD_NAMES - 1) {
+			close(fd);
+			return -1;
+		}
+		ursa_info("RoCEv2: another process holds the name of this process's forwarding socket");
+	}
 	U.fwd_ep = epoll_create1(EPOLL_CLOEXEC);
 	ev.data.u64 = SIDE(SIDE_FWD, fd);
-	if (U.fwd_ep < 0 || bind(fd, (struct sockaddr *)&sa, len) ||
-	    listen(fd, 64) || epoll_ctl(U.fwd_ep, EPOLL_CTL_ADD, fd, &ev)) {
+	if (U.fwd_ep < 0 || listen(fd, 64) ||
+	    epoll_ctl(U.fwd_ep, EPOLL_CTL_ADD, fd, &ev)) {
 		close(fd);
 		if (U.fwd_ep >= 0)
 			close(U.fwd_ep);
@@ -485,18 +501,44 @@ static int fwd_open(void)
 	return fd;
 }
 
-/* pid owning a QPN on this host, or 0 */
+/*
+ * pid owning a QPN on this host, or 0. A look-up costs a socket and a
+ * connect; packets for QPNs nobody owns must not buy one each (a flood to
+ * random QPNs kept a core busy), so QPNs found unowned are remembered for
+ * a while, and at most LOOKUP_BUDGET look-ups that find nothing are made
+ * per LOOKUP_WINDOW_NS: past it, a QPN not in the cache is dropped unasked
+ * until the window ends (a real flow's first packet may then be lost, and
+ * is retransmitted).
+ */
+#define LOOKUP_BUDGET 2000
+#define LOOKUP_WINDOW_NS 100000000ull	/* 0.1 s */
+#define UNOWNED_NS 1000000000ull	/* an unowned QPN is asked again after 1 s */
+
 static pid_t qpn_owner(uint32_t qpn)
 {
-	static __thread struct { uint32_t qpn; pid_t pid; } cache[64];
+	static __thread struct { uint32_t qpn; pid_t pid; uint64_t until; } cache[64];
+	static __thread uint64_t window_end;
+	static __thread unsigned int misses;
 	struct sockaddr_un sa;
 	struct ucred cr;
 	socklen_t len, cl = sizeof(cr);
 	int fd, n;
 	unsigned h = (qpn * 2654435761u) >> 26;
+	uint64_t now;
 
 	if (cache[h].qpn == qpn && cache[h].pid)
 		return cache[h].pid;
+	now = ursa_now_ns();
+	if (cache[h].qpn == qpn && now < cache[h].until)
+		return 0;	/* found unowned a moment ago */
+	if (now >= window_end) {
+		window_end = now + LOOKUP_WINDOW_NS;
+		misses = 0;
+	}
+	if (misses >= LOOKUP_BUDGET) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_unknown, 1);
+		return 0;
+	}
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return 0;
@@ -508,6 +550,10 @@ static pid_t qpn_owner(uint32_t qpn)
 	if (connect(fd, (struct sockaddr *)&sa, len) ||
 	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl)) {
 		close(fd);
+		misses++;
+		cache[h].qpn = qpn;
+		cache[h].pid = 0;
+		cache[h].until = now + UNOWNED_NS;
 		return 0;
 	}
 	close(fd);
@@ -520,21 +566,34 @@ static pid_t qpn_owner(uint32_t qpn)
 static int fwd_conn(pid_t pid)
 {
 	struct sockaddr_un sa;
-	socklen_t len;
+	struct ucred cr = { 0 };
+	socklen_t len, cl = sizeof(cr);
 	int fd, big = 4 << 20;
 	unsigned i;
 
 	for (i = 0; i < FWD_OUT; i++)
 		if (fwd_out[i].fd > 0 && fwd_out[i].pid == pid)
 			return fwd_out[i].fd;
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -1;
-	fwd_name(&sa, &len, pid);
-	/* blocking connect: answered at once by the kernel (or refused) */
-	if (connect(fd, (struct sockaddr *)&sa, len)) {
+	/* Blocking connect: answered at once by the kernel (or refused).
+	 * The name is only a name: any process may have bound the name of
+	 * a process that did not exist yet, to be handed its packets. Only
+	 * the listener's credentials, from the kernel, say it is pid's. */
+	for (int k = 0;; k++) {
+		if (k == FWD_NAMES)
+			return -1;
+		fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -1;
+		fwd_name(&sa, &len, pid, k);
+		if (connect(fd, (struct sockaddr *)&sa, len)) {
+			close(fd);
+			return -1;
+		}
+		if (!getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) &&
+		    cr.pid == pid)
+			break;
+		atomic_fetch_add(&ursa_udp_cnt.drop_fwd_name, 1);
 		close(fd);
-		return -1;
 	}
 	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
 	i = fwd_next++ % FWD_OUT;
@@ -792,6 +851,29 @@ static int open6(void)
 	return fd;
 }
 
+/* The uid owning a socket bound to UDP port (IPv4), from /proc/net/udp;
+ * -1 if none is listed. */
+static long port_holder(uint16_t port)
+{
+	FILE *f = fopen("/proc/net/udp", "re");
+	char line[256];
+	long uid = -1;
+
+	if (!f)
+		return -1;
+	while (uid < 0 && fgets(line, sizeof(line), f)) {
+		unsigned int lport;
+		unsigned long u;
+
+		/* sl local rem st tx:rx tr:tm retrnsmt uid ... */
+		if (sscanf(line, " %*d: %*x:%x %*x:%*x %*x %*x:%*x %*x:%*x %*x %lu",
+			   &lport, &u) == 2 && lport == port)
+			uid = (long)u;
+	}
+	fclose(f);
+	return uid;
+}
+
 int ursa_udp_fd(void)
 {
 	return U.fd;
@@ -849,10 +931,22 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 			side_add(U.fd, SIDE_RX4);
 			side_add(U.fd6, SIDE_RX6);
 		} else {
-			ursa_info("RoCEv2: cannot bind UDP port %u (%s): this process reaches only QPs on its own host",
-				  U.port, strerror(errno));
+			int e = errno;
+			long holder = port_holder(U.port);
+
 			if (fd >= 0)
 				close(fd);
+			/* Reuseport groups are per user: the port belongs to
+			 * the first user's processes (or to another program).
+			 * Packets for this process's QPs then come through
+			 * the forwarding of the ursa processes that hold it. */
+			U.fwd = fwd_open();
+			if (holder >= 0 && (uid_t)holder != geteuid())
+				ursa_info("RoCEv2: UDP port %u belongs to uid %ld: this process receives RoCEv2 only through that user's ursa processes, which forward",
+					  U.port, holder);
+			else
+				ursa_info("RoCEv2: cannot bind UDP port %u (%s): this process receives RoCEv2 only through other ursa processes of the host, which forward",
+					  U.port, strerror(e));
 		}
 	}
 	U.users++;
@@ -2341,7 +2435,8 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 
 	memset(resp, 0, sizeof(*resp));
 	if (!u || is_v4(src) != is_v4(dst) ||
-	    (is_v4(dst) ? U.fd < 0 || u->txfd < 0 : U.fd6 < 0 || u->txfd6 < 0)) {
+	    (is_v4(dst) ? (U.fd < 0 && U.fwd < 0) || u->txfd < 0 :
+			  (U.fd6 < 0 && U.fwd < 0) || u->txfd6 < 0)) {
 		/* no way out: an unanswered request */
 		resp->ack = URSA_DROPPED;
 		resp->why = URSA_WHY_UNREACHABLE;
@@ -3311,7 +3406,7 @@ int ursa_udp_poll(void)
 	 * marks the process live there (ursa_udp_wake). */
 	if (!atomic_load_explicit(&U.live, memory_order_relaxed))
 		return 0;
-	if (U.fd < 0 || pthread_mutex_trylock(&U.rx))
+	if ((U.fd < 0 && U.fwd_ep < 0) || pthread_mutex_trylock(&U.rx))
 		return 0;
 	/* Receive sockets of gone QPs close here, under U.rx, so that no
 	 * poll is reading one when it closes. */

@@ -97,6 +97,10 @@ struct ursa_udp_counters {
 		fault_reorder;
 	atomic_uint_fast64_t forwarded;	/* to another process of the host */
 	atomic_uint_fast64_t drop_fwd;	/* for another process, which was behind */
+	/* names of forwarding sockets held by a process that is not the
+	 * owner they name (a squatter), and packets for unknown QPNs not
+	 * looked up (over the lookup budget) */
+	atomic_uint_fast64_t drop_fwd_name, drop_unknown;
 	atomic_uint_fast64_t fault_delay;
 	atomic_uint_fast64_t tx_gso, rx_gro, rx_ipid;
 	atomic_uint_fast64_t acks_held, acks_alone, reqs_held;

@@ -7,7 +7,10 @@
 # it can write or resize), channel memfds it could truncate, and hundreds
 # of held connections. The victim must finish with its data checked, keep
 # its descriptors, start new QPs meanwhile, and count what it refused; and
-# the two users must still reach each other on purpose. Needs root.
+# the two users must still reach each other on purpose. Between two
+# network-namespace hosts, the victim user's RoCEv2 QP works through root's
+# processes that hold UDP 4791, while the attacker squats the forwarding
+# socket names of the next pids. Needs root.
 # Prints "N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 LIB="$(cd "$BUILD/lib" && pwd)"
@@ -131,4 +134,46 @@ wait $xs; xrs=$?
 [ $xrc = 0 ] && [ $xrs = 0 ] && grep -q "5000 iters" "$tmp/xc" &&
 	ok "two users' QPs reach each other on purpose (checked ping-pong)" ||
 	bad "cross-user pair" "client $xrc server $xrs: $(tail -n 2 "$tmp/xc" "$tmp/xs" | tr '\n' ' ')"
+
+# RoCEv2 with two users on one host: the port's reuseport group belongs to
+# the first user's processes (the kernel keeps groups per user); the
+# other user's processes send from their own sockets and receive through
+# the first user's forwarding, whose endpoints are checked by credentials.
+if ip netns add ursa_probe_$$ 2>/dev/null; then
+	ip netns del ursa_probe_$$
+	. "$SRC/tests/scripts/netns.inc"
+	trap 'netns_down; cleanup' EXIT
+	if netns_up; then
+		# root's ursa process on h1 holds 4791 (a server waiting for a
+		# client that comes last)
+		ip netns exec $H1 $RUN timeout 60 ibv_rc_pingpong -g 0 -p 18670 -n 100 >"$tmp/hold1" 2>&1 &
+		holder=$!
+		sleep 0.5
+		# the attacker holds the forwarding names of the next pids
+		next=$(($(cat /proc/sys/kernel/ns_last_pid) + 1))
+		ip netns exec $H1 setpriv --reuid=$au --regid="$(id -g $A)" --clear-groups \
+			"$tmp/atk" squat $next 400 >"$tmp/squat" 2>&1 &
+		sq=$!
+		sleep 0.3
+		ip netns exec $H2 $RUN timeout 60 ibv_rc_pingpong -g 0 -c -p 18671 -n 3000 >"$tmp/rs" 2>&1 &
+		rsp=$!
+		sleep 0.5
+		ip netns exec $H1 setpriv --reuid=$vu --regid="$(id -g $V)" --clear-groups \
+			env -u XDG_RUNTIME_DIR HOME=/tmp URSA_STATS=1 URSA_LOG=1 $RUN timeout 60 \
+			ibv_rc_pingpong -g 0 -c -p 18671 -n 3000 $IP2 >"$tmp/rc" 2>&1; rrc=$?
+		wait $rsp; rrs=$?
+		vpid=$(sed -n 's/^ursa stats: pid \([0-9]*\) RoCEv2.*/\1/p' "$tmp/rc" | head -1)
+		kill $sq 2>/dev/null
+		if [ $rrc = 0 ] && [ $rrs = 0 ] && grep -q "3000 iters" "$tmp/rc" &&
+		   [ "${vpid:-0}" -ge $next ] && [ "$vpid" -lt $((next + 400)) ]; then
+			ok "a second user's RoCEv2 QP works through the first user's forwarding, while a third user squats its forwarding name ($(cat "$tmp/squat"); pid $vpid)"
+		else
+			bad "second user over RoCEv2" "client $rrc server $rrs, pid '$vpid' (squatted from $next): $(tail -n 3 "$tmp/rc" | tr '\n' ' ')"
+		fi
+		ip netns exec $H1 $RUN timeout 20 ibv_rc_pingpong -g 0 -p 18670 -n 100 127.0.0.1 >/dev/null 2>&1
+		wait $holder
+	else
+		bad netns "could not build the namespaces"
+	fi
+fi
 done_

@@ -15,6 +15,9 @@
  *                                   truncate: must be refused
  *   shm_attack hold QPN N           open N connections and hold them
  *                                   (prints how many the target accepted)
+ *   shm_attack squat PID N          bind the RoCEv2 forwarding names of
+ *                                   processes PID..PID+N-1 ("@ursa/udp/<pid>")
+ *                                   before they exist, and wait
  *
  * Prints "ok ..." or "FAIL ..." lines; exits 1 on a FAIL, 2 on bad usage.
  */
@@ -326,6 +329,27 @@ static void attack_hold(uint32_t qpn, int n)
 	pause();
 }
 
+static void attack_squat(int first, int n)
+{
+	int held = 0;
+
+	for (int p = first; p < first + n; p++) {
+		struct sockaddr_un sa;
+		int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), k;
+
+		memset(&sa, 0, sizeof(sa));
+		sa.sun_family = AF_UNIX;
+		k = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "ursa/udp/%d", p);
+		if (s >= 0 && !bind(s, (struct sockaddr *)&sa,
+				    (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+						(size_t)k)) && !listen(s, 64))
+			held++;
+	}
+	printf("squatting %d names\n", held);
+	fflush(stdout);
+	pause();
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 2 && !strcmp(argv[1], "list"))
@@ -342,10 +366,12 @@ int main(int argc, char **argv)
 		attack_unsealed(qpn);
 	else if (!strcmp(argv[1], "hold") && argc == 4)
 		attack_hold(qpn, atoi(argv[3]));
+	else if (!strcmp(argv[1], "squat") && argc == 4)
+		attack_squat(atoi(argv[2]), atoi(argv[3]));
 	else
 		goto usage;
 	return failures ? 1 : 0;
 usage:
-	fprintf(stderr, "usage: shm_attack list | forge QPN SRC | own QPN | unsealed QPN | hold QPN N\n");
+	fprintf(stderr, "usage: shm_attack list | forge QPN SRC | own QPN | unsealed QPN | hold QPN N | squat PID N\n");
 	return 2;
 }
