@@ -121,6 +121,9 @@ struct ursa_udp_stats {
 	 * they name (refused), and packets for QPNs nobody on this host
 	 * owns dropped without a look-up (over the look-up budget) */
 	uint64_t drop_fwd_name, drop_unknown;
+	/* answers (ACK, NAK, RNR NAK, READ responses) for PSNs not in
+	 * flight, and duplicate READs matching no READ executed lately */
+	uint64_t drop_stale;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

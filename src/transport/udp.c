@@ -60,6 +60,9 @@
 #endif
 #define GRO_BUF 65536	/* a receive may hold a coalesced run (UDP_GRO) */
 #define ARES 16			/* saved atomic results (duplicates) */
+/* READ requests remembered (duplicates): more than a window's pieces of
+ * the READs in flight, each at least one packet */
+#define RRES 64
 
 struct ursa_udp_counters ursa_udp_cnt;
 
@@ -156,6 +159,8 @@ struct ursa_uqp {
 	int rxfd;		/* connected to the peer's address and port */
 	uint16_t rx_port;	/* the peer's source port it is connected to */
 	uint32_t next_psn;	/* requester: PSN of the next new message */
+	uint32_t psn_hi;	/* requester: past the highest PSN ever sent
+				 * (next_psn goes back at pipe_collapse) */
 	uint64_t srtt, rttvar;	/* round-trip estimate, ns (0: none yet) */
 	unsigned backoff;	/* early retransmissions with no progress */
 	struct pfx_cache pfx;	/* of our data packets (send_data_pkt) */
@@ -227,6 +232,12 @@ struct ursa_uqp {
 	uint32_t wrkey;
 	struct { uint32_t psn; uint64_t orig; bool valid; } ares[ARES];
 	unsigned ares_next;
+	/* READ requests executed lately: a duplicate READ is executed again
+	 * only if it starts inside one of them, at the same rkey and the
+	 * matching address (IBTA 9.7.5.1.3; rxe keeps such resources too),
+	 * never on the word of a packet behind the expected PSN alone */
+	struct { uint32_t psn, npkts, rkey; uint64_t va; bool valid; } rres[RRES];
+	unsigned rres_next;
 	/* Delayed ACK (ack_later): a positive ACK held back to leave with
 	 * this QP's next packets to the peer, or at ack_due. */
 	bool ack_owed;		/* written under lock; read as a hint */
@@ -1672,9 +1683,10 @@ void ursa_uqp_modified(struct ursa_qp *qp, int mask)
 	if (mask & IBV_QP_RQ_PSN) {
 		u->epsn = qp->attr.rq_psn;
 		u->nak_sent = false;
+		memset(u->rres, 0, sizeof(u->rres));
 	}
 	if (mask & IBV_QP_SQ_PSN)
-		u->next_psn = qp->attr.sq_psn;
+		u->next_psn = u->psn_hi = qp->attr.sq_psn;
 	if (mask & IBV_QP_STATE) {
 		u->m.active = false;
 		pipe_drop(u);
@@ -2496,6 +2508,8 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		u->m.npkts = atomic ? 1 : (uint32_t)MAX(1, (r->msg_len + u->m.mtu - 1) / u->m.mtu);
 		u->m.first = u->next_psn;
 		u->next_psn = psn_add(u->next_psn, u->m.npkts);
+		if (((u->next_psn - u->psn_hi) & 0xffffff) < 0x800000)
+			u->psn_hi = u->next_psn;
 		if (u->m.is_read) {
 			u->m.ndst = MIN(r->ndst, (uint32_t)URSA_MAX_SGE);
 			memcpy(u->m.dst, r->dst, u->m.ndst * sizeof(*r->dst));
@@ -2698,6 +2712,22 @@ static void pipe_resp(struct ursa_qp *qp, struct ursa_uqp *u,
 }
 
 /* A response for our requester QP (RC): move the message forward. */
+/*
+ * Does an answer's PSN name a packet this requester sent and has not seen
+ * acknowledged: from the oldest message waiting (the pipe's, else the one
+ * in flight) up to the highest PSN ever sent? Any other is stale or forged
+ * (IBTA 9.7.5.2.x: a PSN outside the outstanding requests is not an
+ * answer to one), and a forged one must not change the QP: a NAK there
+ * would end a healthy QP in error, an RNR NAK stall it, an ACK complete
+ * messages never delivered.
+ */
+static bool psn_in_flight(const struct ursa_uqp *u, uint32_t psn)
+{
+	uint32_t oldest = u->pipe_n ? PIPE(u, 0)->first : u->m.first;
+
+	return ((psn - oldest) & 0xffffff) < ((u->psn_hi - oldest) & 0xffffff);
+}
+
 static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 			const struct roce_pkt *p)
 {
@@ -2716,6 +2746,10 @@ static void on_response(struct ursa_qp *qp, struct ursa_uqp *u,
 	 * duplicates, and no answer to the newest request gets through
 	 * (congestion collapse). Only progress moves the ACK timeout. */
 	u->m.rto = after(ursa_now_ns(), rto_ns(qp));
+	if (!psn_in_flight(u, p->psn)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_stale, 1);
+		return;
+	}
 	if (u->pipe_n && !(f & P_READ) && (p->opcode & 0x1f) != OP_ATOMIC_ACK) {
 		bool nak = (p->syndrome & AETH_TYPE_MASK) != AETH_ACK;
 		int i;
@@ -2884,6 +2918,27 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 	}
 }
 
+/* Does a READ request start inside one executed lately, at its rkey and
+ * at the address its PSN stands for? With end, whether it also ends inside
+ * it (a subset: nothing to remember anew). */
+static bool read_remembered(const struct ursa_uqp *u, const struct roce_pkt *p,
+			    uint32_t mtu, uint32_t end, bool *inside)
+{
+	for (unsigned i = 0; i < RRES; i++) {
+		uint32_t k = (p->psn - u->rres[i].psn) & 0xffffff;
+
+		if (u->rres[i].valid && k < u->rres[i].npkts &&
+		    p->rkey == u->rres[i].rkey &&
+		    p->va == u->rres[i].va + (uint64_t)k * mtu) {
+			if (inside)
+				*inside = ((end - u->rres[i].psn) & 0xffffff) <=
+					  u->rres[i].npkts;
+			return true;
+		}
+	}
+	return false;
+}
+
 /* A request for our responder QP. Called with u->lock held. */
 static void on_request(struct ursa_qp *qp, struct ursa_uqp *u,
 		       const struct roce_pkt *p, const addr_t *me,
@@ -2921,8 +2976,12 @@ static void on_request(struct ursa_qp *qp, struct ursa_uqp *u,
 							 p->psn, u->ares[i].orig);
 				return;
 			}
-			if (f & P_READ)
-				goto execute;	/* re-executed */
+			if (f & P_READ) {
+				if (read_remembered(u, p, mtu_of(qp), 0, NULL))
+					goto execute;	/* re-executed */
+				atomic_fetch_add(&ursa_udp_cnt.drop_stale, 1);
+				return;
+			}
 			if (p->ackreq)
 				send_ack(qp, u, peer, me, OP_ACK,
 					 AETH_ACK | AETH_CREDIT_INVALID,
@@ -2958,7 +3017,19 @@ execute:
 		uint32_t mtu = mtu_of(qp);
 		uint32_t end = psn_add(p->psn, (uint32_t)MAX(1, ((uint64_t)p->dmalen + mtu - 1) / mtu));
 
+		bool inside = false;
+
 		on_read_req(qp, u, p, &r, me, peer);
+		/* remembered unless a re-request of part of one remembered */
+		if (!read_remembered(u, p, mtu, end, &inside) || !inside) {
+			unsigned k = u->rres_next++ % RRES;
+
+			u->rres[k].psn = p->psn;
+			u->rres[k].npkts = (end - p->psn) & 0xffffff;
+			u->rres[k].rkey = p->rkey;
+			u->rres[k].va = p->va;
+			u->rres[k].valid = true;
+		}
 		if (psn_cmp(p->psn, u->epsn) >= 0)
 			u->msn++;
 		/* A duplicate that reaches past epsn: a requester that took a

@@ -101,6 +101,9 @@ struct ursa_udp_counters {
 	 * owner they name (a squatter), and packets for unknown QPNs not
 	 * looked up (over the lookup budget) */
 	atomic_uint_fast64_t drop_fwd_name, drop_unknown;
+	/* answers whose PSN is not in flight, duplicate READs that match no
+	 * READ executed lately: stale, or forged */
+	atomic_uint_fast64_t drop_stale;
 	atomic_uint_fast64_t fault_delay;
 	atomic_uint_fast64_t tx_gso, rx_gro, rx_ipid;
 	atomic_uint_fast64_t acks_held, acks_alone, reqs_held;

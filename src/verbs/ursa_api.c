@@ -162,7 +162,7 @@ EXPORT int ursa_udp_stats(struct ursa_udp_stats *st)
 	C(dup); C(fault_lost); C(fault_dup); C(fault_corrupt); C(fault_reorder);
 	C(forwarded); C(fault_delay); C(drop_fwd); C(tx_gso); C(rx_gro);
 	C(rx_ipid); C(acks_held); C(acks_alone); C(reqs_held);
-	C(drop_fwd_name); C(drop_unknown);
+	C(drop_fwd_name); C(drop_unknown); C(drop_stale);
 #undef C
 	return 0;
 }
@@ -200,7 +200,7 @@ void ursa_stats_exit(void)
 		" B, rx %" PRIu64 " pkts %" PRIu64 " B, retransmits %" PRIu64
 		", NAKs sent %" PRIu64 " received %" PRIu64 " (RNR %" PRIu64
 		"), dropped: short %" PRIu64 " opcode %" PRIu64 " ICRC %" PRIu64
-		" QPN %" PRIu64 " source %" PRIu64 " PSN %" PRIu64 " state %" PRIu64
+		" QPN %" PRIu64 " source %" PRIu64 " PSN %" PRIu64 " stale %" PRIu64 " state %" PRIu64
 		" duplicate %" PRIu64 " forward %" PRIu64 " squatted name %" PRIu64
 		" unknown QPN %" PRIu64 ", forwarded %" PRIu64
 		"; ACKs held %" PRIu64 " (sent alone %" PRIu64 "), requests held %"
@@ -208,7 +208,7 @@ void ursa_stats_exit(void)
 		(int)getpid(), u.tx_pkts, u.tx_bytes, u.rx_pkts, u.rx_bytes,
 		u.retransmits, u.naks_sent, u.naks_rcvd, u.rnr_naks, u.drop_short,
 		u.drop_opcode, u.drop_icrc, u.drop_qpn, u.drop_src, u.drop_psn,
-		u.drop_state, u.dup, u.drop_fwd, u.drop_fwd_name, u.drop_unknown,
+		u.drop_stale, u.drop_state, u.dup, u.drop_fwd, u.drop_fwd_name, u.drop_unknown,
 		u.forwarded, u.acks_held,
 		u.acks_alone, u.reqs_held);
 }
