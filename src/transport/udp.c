@@ -159,8 +159,9 @@ struct ursa_uqp {
 	int rxfd;		/* connected to the peer's address and port */
 	uint16_t rx_port;	/* the peer's source port it is connected to */
 	uint32_t next_psn;	/* requester: PSN of the next new message */
-	uint32_t psn_hi;	/* requester: past the highest PSN ever sent
-				 * (next_psn goes back at pipe_collapse) */
+	uint32_t psn_hi;	/* requester: past the highest PSN sent so far
+				 * (psn_sent; next_psn goes back at
+				 * pipe_collapse, this does not) */
 	uint64_t srtt, rttvar;	/* round-trip estimate, ns (0: none yet) */
 	unsigned backoff;	/* early retransmissions with no progress */
 	struct pfx_cache pfx;	/* of our data packets (send_data_pkt) */
@@ -2077,6 +2078,14 @@ static void rtt_acked(struct ursa_uqp *u, uint32_t acked, uint64_t now)
 		u->backoff = 0;
 }
 
+/* Packets up to (not including) end have been sent: answers for them
+ * may come (psn_in_flight). */
+static inline void psn_sent(struct ursa_uqp *u, uint32_t end)
+{
+	if (((end - u->psn_hi) & 0xffffff) - 1 < 0x7fffff)
+		u->psn_hi = end;
+}
+
 static void send_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 			  const struct ursa_req *r, const addr_t *src,
 			  const addr_t *dst)
@@ -2135,6 +2144,7 @@ static void send_atomic(struct ursa_qp *qp, struct ursa_uqp *u,
 	} else {
 		p.swap_add = r->compare_add;
 	}
+	psn_sent(u, psn_add(u->m.first, 1));
 	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
 	if (n > 0)
 		tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64,
@@ -2429,6 +2439,7 @@ static void send_more(struct ursa_qp *qp, struct ursa_uqp *u,
 		    !send_mid(qp, u, r, k, src, dst))
 			send_data_pkt(qp, u, r, w, k, src, dst);
 		u->m.sent++;
+		psn_sent(u, psn_add(u->m.first, u->m.sent));
 	}
 }
 
@@ -2508,8 +2519,11 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		u->m.npkts = atomic ? 1 : (uint32_t)MAX(1, (r->msg_len + u->m.mtu - 1) / u->m.mtu);
 		u->m.first = u->next_psn;
 		u->next_psn = psn_add(u->next_psn, u->m.npkts);
-		if (((u->next_psn - u->psn_hi) & 0xffffff) < 0x800000)
-			u->psn_hi = u->next_psn;
+		/* A READ's responses may come for all its PSNs as soon as it
+		 * is asked for (a re-request asks for the rest); a SEND's or
+		 * WRITE's answers only for packets sent (send_more). */
+		if (u->m.is_read)
+			psn_sent(u, u->next_psn);
 		if (u->m.is_read) {
 			u->m.ndst = MIN(r->ndst, (uint32_t)URSA_MAX_SGE);
 			memcpy(u->m.dst, r->dst, u->m.ndst * sizeof(*r->dst));
