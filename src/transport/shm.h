@@ -15,6 +15,9 @@
  * with its own control page and doorbell, and whether cross-memory attach
  * works from it to the requester (it probes the requester's memory with
  * process_vm_readv). The socket stays open only to notice the peer's death.
+ * Memfds are sealed and checked before use; the hello's source QPN is
+ * verified by the credentials of that QPN's listener; another user gets
+ * no MR table (docs/design.md, "Users of one host, and who says hello").
  *
  * Data: requests and responses are fixed slots in the shared rings. Small
  * payloads travel inside the slot; larger ones stay where they are and the
