@@ -561,7 +561,9 @@ static int test_pub_map_refuses(void)
 	EXPECT_TRUE(ursa_pub_map(fd) == NULL);
 	REQUIRE(ftruncate(fd, sizeof(struct ursa_pubmem)) == 0);
 	EXPECT_TRUE(ursa_pub_map(fd) == NULL);	/* right size, not sealed */
-	REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+	REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0);
+	EXPECT_TRUE(ursa_pub_map(fd) == NULL);	/* others may still write it */
+	REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0);
 	EXPECT_TRUE(ursa_pub_map(fd) == NULL);	/* sealed, but no magic */
 	close(fd);
 	/* a well-formed table in an ordinary file, which cannot be sealed
@@ -580,6 +582,56 @@ static int test_pub_map_refuses(void)
 		EXPECT_TRUE(ursa_pub_map(fd) == NULL);
 		close(fd);
 	}
+	return TEST_RESULT();
+}
+
+/* Memfds that cross a process boundary (ursa_memfd_shared/_map_peer):
+ * the owner writes through its mapping; no holder of the descriptor (here,
+ * a second open of it through /proc, as a peer's is) can write, map it
+ * writable or resize it; and a receiver refuses what is short or lacks the
+ * seals it relies on. */
+static int test_memfd_seals(void)
+{
+	char path[64], b = 'x';
+	void *own = NULL, *m;
+	int fd, other, plain;
+
+	fd = ursa_memfd_shared("t", 8192, true, &own);
+	REQUIRE(fd >= 0 && own);
+	memset(own, 7, 8192);			/* the owner writes */
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	other = open(path, O_RDWR);
+	REQUIRE(other >= 0);
+	EXPECT_TRUE(mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, other, 0) ==
+		    MAP_FAILED);
+	EXPECT_EQ(pwrite(other, &b, 1, 0), -1);
+	EXPECT_EQ(ftruncate(other, 0), -1);
+	EXPECT_EQ(ftruncate(other, 1 << 20), -1);
+	m = ursa_memfd_map_peer(other, 8192, F_SEAL_FUTURE_WRITE, false);
+	REQUIRE(m != NULL);
+	EXPECT_EQ(((unsigned char *)m)[100], 7);
+	munmap(m, 8192);
+	EXPECT_TRUE(ursa_memfd_map_peer(other, 8193, 0, false) == NULL);
+	EXPECT_TRUE(ursa_memfd_map_peer(other, 8192, 0, true) == NULL);
+	close(other);
+	munmap(own, 8192);
+	close(fd);
+	/* both sides write a channel: writable, but sealed in size */
+	fd = ursa_memfd_shared("t", 4096, false, &own);
+	REQUIRE(fd >= 0);
+	EXPECT_TRUE(ursa_memfd_map_peer(fd, 4096, F_SEAL_FUTURE_WRITE, false) == NULL);
+	m = ursa_memfd_map_peer(fd, 4096, 0, true);
+	EXPECT_TRUE(m != NULL);
+	if (m)
+		munmap(m, 4096);
+	EXPECT_EQ(ftruncate(fd, 0), -1);
+	munmap(own, 4096);
+	close(fd);
+	/* a memfd a peer could truncate under us */
+	plain = memfd_create("t", MFD_ALLOW_SEALING);
+	REQUIRE(plain >= 0 && ftruncate(plain, 4096) == 0);
+	EXPECT_TRUE(ursa_memfd_map_peer(plain, 4096, 0, true) == NULL);
+	close(plain);
 	return TEST_RESULT();
 }
 
@@ -644,6 +696,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(mutex, "the QP lock: exact under four threads, trylock refuses a held lock"),
 	TEST_ENTRY(pub_table, "published rkeys and QP words, as a requester reads them"),
 	TEST_ENTRY(pub_map_refuses, "a short, unsealed or foreign table is refused"),
+	TEST_ENTRY(memfd_seals, "shared memfds: only the owner writes, nobody resizes, receivers check"),
 };
 
 int main(int argc, char **argv)
