@@ -102,17 +102,17 @@ $(BUILD)/bin/ursa-kv: $(KV_SRC) $(wildcard apps/kv/*.h) $(LIB) $(BUILD)/lib/libi
 		-Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/../lib/ursa' -libverbs
 
 tests: $(UNIT_BIN) $(FUNC_BIN) $(BUILD)/tests/xfer $(BUILD)/tests/fuzz_pkt \
-	$(BUILD)/tests/fuzz_resp
+	$(BUILD)/tests/fuzz_resp $(BUILD)/tests/fuzz_chan
 
 # Fuzz targets: a corpus replayer (make test), or libFuzzer (make fuzz).
 $(BUILD)/tests/fuzz_pkt: tests/fuzz/fuzz_pkt.c src/proto/roce.c src/proto/roce.h
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) tests/fuzz/fuzz_pkt.c src/proto/roce.c -o $@ $(LDFLAGS)
 
-# The responder target links the library's objects directly.
-$(BUILD)/tests/fuzz_resp: tests/fuzz/fuzz_resp.c $(LIB_OBJ) $(wildcard src/*/*.h)
+# The responder and channel targets link the library's objects directly.
+$(BUILD)/tests/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_OBJ) $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(APP_CFLAGS) tests/fuzz/fuzz_resp.c $(LIB_OBJ) -o $@ $(LDFLAGS)
+	$(CC) $(APP_CFLAGS) $< $(LIB_OBJ) -o $@ $(LDFLAGS)
 
 FUZZ_SECONDS ?= 60
 fuzz:
@@ -126,6 +126,11 @@ fuzz:
 		-o build/fuzz/fuzz_resp
 	mkdir -p build/fuzz/corpus_resp && cp tests/fuzz/corpus/resp/* build/fuzz/corpus_resp/
 	build/fuzz/fuzz_resp -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus_resp
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -DURSA_LIBFUZZER \
+		-D_GNU_SOURCE -pthread tests/fuzz/fuzz_chan.c $(LIB_SRC) \
+		-o build/fuzz/fuzz_chan
+	mkdir -p build/fuzz/corpus_chan && cp tests/fuzz/corpus/chan/* build/fuzz/corpus_chan/
+	build/fuzz/fuzz_chan -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus_chan
 
 $(BUILD)/tests/xfer: tests/hosts/xfer.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)

@@ -11,6 +11,7 @@ for t in "$BUILD"/tests/unit_* "$BUILD"/tests/fuzz_* "$BUILD"/tests/func_* tests
 	*.sh) cmd="sh $t";;
 	*/fuzz_pkt) cmd="$t tests/fuzz/corpus/pkt";;
 	*/fuzz_resp) cmd="$t tests/fuzz/corpus/resp";;
+	*/fuzz_chan) cmd="$t tests/fuzz/corpus/chan";;
 	*) cmd="$t";;
 	esac
 	echo "== $t"

@@ -29,51 +29,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-enum {
-	WF_SOLICITED = 1, WF_IMM = 2, WF_INV = 4, WF_CMA = 8,
-};
-
-struct ursa_wsg {
-	uint64_t va, len;
-};
-
-struct ursa_wreq {
-	uint32_t seq, opcode, frag, flags;
-	uint32_t src_qpn, dst_qpn, qkey, rkey;
-	uint64_t raddr, len, msg_len, offset;
-	uint32_t imm, nsg;
-	uint64_t compare_add, swap;
-	uint8_t sgid[16], dgid[16];
-	uint8_t tclass, hop;
-	uint16_t pad;
-	uint32_t flow;
-	uint32_t inline_len, pad2;
-	struct ursa_wsg sg[URSA_MAX_SGE];
-	uint8_t data[URSA_SHM_INLINE];
-};
-
-struct ursa_wresp {
-	uint32_t seq, ack, why, rnr_timer;
-	uint64_t atomic_orig;
-	uint32_t inline_len, pad;
-	uint8_t data[URSA_SHM_INLINE];
-};
-
-struct ursa_chanmem {
-	uint32_t magic, version;
-	/* Each index on its own line: producers and consumers are in
-	 * different processes. */
-	_Alignas(128) atomic_uint req_tail;	/* requester produces */
-	_Alignas(128) atomic_uint req_head;	/* responder consumes */
-	_Alignas(128) atomic_uint resp_tail;	/* responder produces */
-	_Alignas(128) atomic_uint resp_head;	/* requester consumes */
-	/* Non-zero while the requester may be placing data in the target
-	 * itself (direct_xfer): the target's deregistration waits. */
-	_Alignas(128) atomic_uint busy;
-	_Alignas(128) struct ursa_wreq req[URSA_SHM_SLOTS];
-	struct ursa_wresp resp[URSA_SHM_SLOTS];
-};
-
 static const uint64_t probe_value = 0x7572736170726f62ull; /* "ursaprob" */
 static volatile uint64_t probe_word = 0x7572736170726f62ull;
 

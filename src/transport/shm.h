@@ -69,7 +69,52 @@ struct ursa_shm_welcome {
 enum ursa_chan_state { URSA_CHAN_CONNECTING, URSA_CHAN_READY, URSA_CHAN_DEAD };
 enum ursa_chan_role { URSA_CHAN_REQUESTER, URSA_CHAN_RESPONDER };
 
-struct ursa_chanmem;
+/* The channel memfd: the requester's rings of requests and answers
+ * (tests/fuzz/fuzz_chan.c writes them as a hostile requester would). */
+enum {
+	WF_SOLICITED = 1, WF_IMM = 2, WF_INV = 4, WF_CMA = 8,
+};
+
+struct ursa_wsg {
+	uint64_t va, len;
+};
+
+struct ursa_wreq {
+	uint32_t seq, opcode, frag, flags;
+	uint32_t src_qpn, dst_qpn, qkey, rkey;
+	uint64_t raddr, len, msg_len, offset;
+	uint32_t imm, nsg;
+	uint64_t compare_add, swap;
+	uint8_t sgid[16], dgid[16];
+	uint8_t tclass, hop;
+	uint16_t pad;
+	uint32_t flow;
+	uint32_t inline_len, pad2;
+	struct ursa_wsg sg[URSA_MAX_SGE];
+	uint8_t data[URSA_SHM_INLINE];
+};
+
+struct ursa_wresp {
+	uint32_t seq, ack, why, rnr_timer;
+	uint64_t atomic_orig;
+	uint32_t inline_len, pad;
+	uint8_t data[URSA_SHM_INLINE];
+};
+
+struct ursa_chanmem {
+	uint32_t magic, version;
+	/* Each index on its own line: producers and consumers are in
+	 * different processes. */
+	_Alignas(128) atomic_uint req_tail;	/* requester produces */
+	_Alignas(128) atomic_uint req_head;	/* responder consumes */
+	_Alignas(128) atomic_uint resp_tail;	/* responder produces */
+	_Alignas(128) atomic_uint resp_head;	/* requester consumes */
+	/* Non-zero while the requester may be placing data in the target
+	 * itself (direct_xfer): the target's deregistration waits. */
+	_Alignas(128) atomic_uint busy;
+	_Alignas(128) struct ursa_wreq req[URSA_SHM_SLOTS];
+	struct ursa_wresp resp[URSA_SHM_SLOTS];
+};
 
 #define URSA_DMAPS 16
 
