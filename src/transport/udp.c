@@ -29,6 +29,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -115,6 +116,7 @@ static struct {
 	int rcvbuf;		/* what the kernel granted the receive socket */
 	bool tried;		/* environment read */
 	bool socks_tried;	/* sockets opened (again in a forked child) */
+	int rebind_fd;		/* port not bound: a timer to try again */
 	int users;		/* open contexts (under lock) */
 	uint16_t port;
 	FILE *pcap;
@@ -132,7 +134,7 @@ static struct {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.rx = PTHREAD_MUTEX_INITIALIZER,
 	.fault_lock = PTHREAD_MUTEX_INITIALIZER,
-	.fd = -1, .fd6 = -1, .fwd = -1, .fwd_ep = -1, .held_fd = -1,
+	.fd = -1, .fd6 = -1, .fwd = -1, .fwd_ep = -1, .held_fd = -1, .rebind_fd = -1,
 	.port = ROCE_UDP_PORT,
 };
 
@@ -452,7 +454,7 @@ struct fwd_hdr {
  * data is the descriptor and its kind (never a pointer: a QP may be gone
  * by the time its event is read).
  */
-enum { SIDE_FWD = 1, SIDE_RX4 = 2, SIDE_RX6 = 3 };
+enum { SIDE_FWD = 1, SIDE_RX4 = 2, SIDE_RX6 = 3, SIDE_TIMER = 4 };
 #define SIDE(kind, fd) ((uint64_t)(kind) << 32 | (uint32_t)(fd))
 #define FWD_OUT 16		/* connections kept to other processes */
 
@@ -522,7 +524,8 @@ static int fwd_open(void)
  * until the window ends (a real flow's first packet may then be lost, and
  * is retransmitted).
  */
-#define LOOKUP_BUDGET 2000
+#define LOOKUP_BUDGET 500
+#define REBIND_NS 1000000000ull	/* port held by others: ask again after 1 s */
 #define LOOKUP_WINDOW_NS 100000000ull	/* 0.1 s */
 #define UNOWNED_NS 1000000000ull	/* an unowned QPN is asked again after 1 s */
 
@@ -661,6 +664,7 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		      unsigned seg, struct ursa_qp **run_qp);
 
 static int poll_sock(int fd, bool v6);
+static void port_retry(void);
 
 /* Receive from the side sockets (under U.rx). */
 static int fwd_poll(void)
@@ -676,6 +680,14 @@ static int fwd_poll(void)
 		int fd = (int)(uint32_t)ev[i].data.u64;
 		unsigned kind = (unsigned)(ev[i].data.u64 >> 32);
 
+		if (kind == SIDE_TIMER) {
+			uint64_t ticks;
+
+			if (read(fd, &ticks, sizeof(ticks)) < 0)
+				(void)0;	/* (EAGAIN: another pass read it) */
+			port_retry();
+			continue;
+		}
 		if (kind == SIDE_RX4 || kind == SIDE_RX6) {
 			total += poll_sock(fd, kind == SIDE_RX6);
 			continue;
@@ -900,12 +912,80 @@ static void side_add(int fd, unsigned kind)
 		ursa_dbg("RoCEv2: side epoll: %s", strerror(errno));
 }
 
+/* Join the port's reuseport group: U.fd (and U.fd6). Under U.lock. 0, or
+ * -1 with errno (EADDRINUSE: another user's group, or another program). */
+static int port_bind(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(U.port) };
+	int one = 1, big = 8 << 20, e;
+	socklen_t bl = sizeof(U.rcvbuf);
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+	if (fd < 0)
+		return -1;
+	/* Every ursa process of the namespace joins the port's reuseport
+	 * group; the kernel spreads flows over them and a packet for another
+	 * process's QP is forwarded to it. */
+	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+	if (setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) ||
+	    bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &U.rcvbuf, &bl))
+		U.rcvbuf = 0;
+	gro_on(fd);
+	U.fd = fd;
+	U.fd6 = open6();
+	return 0;
+}
+
+/* A process that could not bind the port asks again every REBIND_NS:
+ * when the holders are gone, nobody forwards any more. Called from the
+ * receive pass (under U.rx). */
+static void port_retry(void)
+{
+	pthread_mutex_lock(&U.lock);
+	if (U.fd < 0 && U.users > 0 && port_bind() == 0) {
+		side_add(U.fd, SIDE_RX4);
+		side_add(U.fd6, SIDE_RX6);
+		if (U.rebind_fd >= 0) {
+			epoll_ctl(U.fwd_ep, EPOLL_CTL_DEL, U.rebind_fd, NULL);
+			close(U.rebind_fd);
+			U.rebind_fd = -1;
+		}
+		ursa_info("RoCEv2: UDP port %u is free again: this process receives on it",
+			  U.port);
+	}
+	pthread_mutex_unlock(&U.lock);
+}
+
+/* A timer in the side epoll set that wakes the engine every REBIND_NS
+ * while the port is held by others (an idle engine sleeps otherwise). */
+static void port_timer(void)
+{
+	struct itimerspec it = { { REBIND_NS / 1000000000ull, 0 },
+				 { REBIND_NS / 1000000000ull, 0 } };
+	int fd = U.fwd_ep >= 0 ? timerfd_create(CLOCK_MONOTONIC,
+						TFD_CLOEXEC | TFD_NONBLOCK) : -1;
+
+	if (fd < 0)
+		return;
+	if (timerfd_settime(fd, 0, &it, NULL)) {
+		close(fd);
+		return;
+	}
+	U.rebind_fd = fd;
+	side_add(fd, SIDE_TIMER);
+}
+
 int ursa_udp_start(struct ursa_ctx *ctx)
 {
 	static struct ursa_watch w = { URSA_W_UDP, (void *)1, NULL };
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &w };
-	struct sockaddr_in sa = { .sin_family = AF_INET };
-	int one = 1, fd;
 	const char *s;
 
 	pthread_mutex_lock(&U.lock);
@@ -921,24 +1001,7 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 	}
 	if (!U.socks_tried) {
 		U.socks_tried = true;
-		fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-		sa.sin_port = htons(U.port);
-		/* Every ursa process of the namespace joins the port's
-		 * reuseport group; the kernel spreads flows over them and a
-		 * packet for another process's QP is forwarded to it. */
-		if (fd >= 0)
-			setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-		if (fd >= 0 && !setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) &&
-		    !bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-			int big = 8 << 20;
-			socklen_t bl = sizeof(U.rcvbuf);
-
-			setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
-			if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &U.rcvbuf, &bl))
-				U.rcvbuf = 0;
-			gro_on(fd);
-			U.fd = fd;
-			U.fd6 = open6();
+		if (port_bind() == 0) {
 			U.fwd = fwd_open();
 			side_add(U.fd, SIDE_RX4);
 			side_add(U.fd6, SIDE_RX6);
@@ -946,18 +1009,18 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 			int e = errno;
 			long holder = port_holder(U.port);
 
-			if (fd >= 0)
-				close(fd);
 			/* Reuseport groups are per user: the port belongs to
 			 * the first user's processes (or to another program).
 			 * Packets for this process's QPs then come through
-			 * the forwarding of the ursa processes that hold it. */
+			 * the forwarding of the ursa processes that hold it,
+			 * until the port is free again (port_retry). */
 			U.fwd = fwd_open();
+			port_timer();
 			if (holder >= 0 && (uid_t)holder != geteuid())
-				ursa_info("RoCEv2: UDP port %u belongs to uid %ld: this process receives RoCEv2 only through that user's ursa processes, which forward",
+				ursa_info("RoCEv2: UDP port %u belongs to uid %ld: this process receives RoCEv2 through that user's ursa processes, which forward, until the port is free",
 					  U.port, holder);
 			else
-				ursa_info("RoCEv2: cannot bind UDP port %u (%s): this process receives RoCEv2 only through other ursa processes of the host, which forward",
+				ursa_info("RoCEv2: cannot bind UDP port %u (%s): this process receives RoCEv2 through other ursa processes of the host, which forward, until the port is free",
 					  U.port, strerror(e));
 		}
 	}
@@ -3540,7 +3603,7 @@ void ursa_udp_atfork_child(void)
  * sockets, the forwarding listener, its connections and epoll set. */
 static void socks_close(void)
 {
-	int *fds[] = { &U.fd, &U.fd6, &U.fwd, &U.fwd_ep };
+	int *fds[] = { &U.fd, &U.fd6, &U.fwd, &U.fwd_ep, &U.rebind_fd };
 
 	for (unsigned i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
 		if (*fds[i] >= 0)

@@ -170,8 +170,23 @@ if ip netns add ursa_probe_$$ 2>/dev/null; then
 		else
 			bad "second user over RoCEv2" "client $rrc server $rrs, pid '$vpid' (squatted from $next): $(tail -n 3 "$tmp/rc" | tr '\n' ' ')"
 		fi
+		# a server of the victim user that waits meanwhile; when root's
+		# holder is gone, it takes the port itself (nobody forwards now)
+		ip netns exec $H1 setpriv --reuid=$vu --regid="$(id -g $V)" --clear-groups \
+			env -u XDG_RUNTIME_DIR HOME=/tmp URSA_LOG=1 $RUN timeout 60 \
+			ibv_rc_pingpong -g 0 -c -p 18672 -n 2000 >"$tmp/ls" 2>&1 &
+		late=$!
+		sleep 0.5
 		ip netns exec $H1 $RUN timeout 20 ibv_rc_pingpong -g 0 -p 18670 -n 100 127.0.0.1 >/dev/null 2>&1
 		wait $holder
+		sleep 2
+		ip netns exec $H2 $RUN timeout 30 ibv_rc_pingpong -g 0 -c -p 18672 -n 2000 $IP1 >"$tmp/lc" 2>&1; lrc=$?
+		wait $late; lrs=$?
+		if [ $lrc = 0 ] && [ $lrs = 0 ] && grep -q "free again" "$tmp/ls"; then
+			ok "when the port's holders are gone, the second user's waiting QP takes the port and is reached"
+		else
+			bad "port taken over" "client $lrc server $lrs: $(tail -n 3 "$tmp/ls" | tr '\n' ' ')"
+		fi
 	else
 		bad netns "could not build the namespaces"
 	fi
