@@ -159,6 +159,11 @@ struct ursa_cq {
 	bool ex_api;		   /* created with ibv_create_cq_ex */
 	uint64_t wc_flags_ex;
 	struct ibv_wc cur;	   /* the entry between start_poll/end_poll */
+	/* IBV_WC_EX_WITH_COMPLETION_TIMESTAMP(_WALLCLOCK): when each entry
+	 * of wc[] was completed, CLOCK_MONOTONIC ns (the device clock:
+	 * hca_core_clock 1 GHz); NULL when the CQ did not ask. cur_ts:
+	 * cur's. */
+	uint64_t *ts, cur_ts;
 	atomic_uint comp_events;   /* events delivered on the channel */
 	atomic_int refs;	   /* QPs and SRQs attached */
 };

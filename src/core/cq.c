@@ -78,6 +78,7 @@ int ursa_cq_destroy(struct ursa_cq *cq)
 	atomic_fetch_sub(&ctx->nobjs, 1);
 	pthread_mutex_destroy(&cq->lock);
 	free(cq->wc);
+	free(cq->ts);
 	free(cq);
 	return 0;
 }
@@ -85,6 +86,7 @@ int ursa_cq_destroy(struct ursa_cq *cq)
 int ursa_cq_resize(struct ursa_cq *cq, int cqe)
 {
 	struct ibv_wc *n;
+	uint64_t *nts;
 	uint32_t sz = 1;
 
 	if (cqe < 1 || cqe > URSA_MAX_CQE)
@@ -97,14 +99,21 @@ int ursa_cq_resize(struct ursa_cq *cq, int cqe)
 		return -EINVAL;
 	}
 	n = calloc(sz, sizeof(*n));
-	if (!n) {
+	nts = cq->ts ? calloc(sz, sizeof(*nts)) : NULL;
+	if (!n || (cq->ts && !nts)) {
 		pthread_mutex_unlock(&cq->lock);
+		free(n);
 		return -ENOMEM;
 	}
-	for (uint32_t i = 0; i < cq->count; i++)
+	for (uint32_t i = 0; i < cq->count; i++) {
 		n[i] = cq->wc[(cq->head + i) & (cq->size - 1)];
+		if (nts)
+			nts[i] = cq->ts[(cq->head + i) & (cq->size - 1)];
+	}
 	free(cq->wc);
+	free(cq->ts);
 	cq->wc = n;
+	cq->ts = nts;
 	cq->size = sz;
 	cq->head = 0;
 	cq->ex.cqe = (int)sz - 1;
@@ -123,6 +132,9 @@ int ursa_cq_push(struct ursa_cq *cq, const struct ibv_wc *wc, bool solicited)
 		cq_lost = true;
 	} else {
 		cq->wc[(cq->head + cq->count) & (cq->size - 1)] = *wc;
+		if (cq->ts)
+			cq->ts[(cq->head + cq->count) & (cq->size - 1)] =
+				ursa_now_ns();
 		cq->count++;
 		if (cq->armed == 1 ||
 		    (cq->armed == 2 && (solicited || wc->status)))
@@ -153,6 +165,8 @@ int ursa_cq_poll(struct ursa_cq *cq, int n, struct ibv_wc *wc)
 		return -EINVAL;
 	pthread_mutex_lock(&cq->lock);
 	while (got < n && cq->count) {
+		if (cq->ts)
+			cq->cur_ts = cq->ts[cq->head];	/* the last one's */
 		wc[got++] = cq->wc[cq->head];
 		cq->head = (cq->head + 1) & (cq->size - 1);
 		cq->count--;
@@ -174,6 +188,8 @@ void ursa_cq_clean(struct ursa_cq *cq, uint32_t qpn, bool keep_recv)
 
 		if (w->qp_num == qpn && !(keep_recv && (w->opcode & IBV_WC_RECV)))
 			continue;
+		if (cq->ts)
+			cq->ts[(cq->head + kept) & mask] = cq->ts[(cq->head + i) & mask];
 		cq->wc[(cq->head + kept++) & mask] = *w;
 	}
 	cq->count = kept;

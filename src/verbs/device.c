@@ -51,6 +51,9 @@ static int uv_query_device_ex(struct ibv_context *ctx,
 	a.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
 	a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
 	a.phys_port_cnt_ex = 1;
+	/* completion timestamps: CLOCK_MONOTONIC ns, a 1 GHz clock (kHz) */
+	a.completion_timestamp_mask = UINT64_MAX;
+	a.hca_core_clock = 1000000;
 	memcpy(attr, &a, MIN(len, sizeof(a)));
 	return 0;
 }
@@ -161,6 +164,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->vctx.query_port = uv_query_port;
 	ctx->vctx.query_device_ex = uv_query_device_ex;
 	ctx->vctx.create_cq_ex = uv_create_cq_ex;
+	ctx->vctx.query_rt_values = uv_query_rt_values;
 	ctx->vctx.create_qp_ex = uv_create_qp_ex;
 	ret = ursa_engine_start(ctx);
 	if (ret) {

@@ -72,6 +72,7 @@ int uv_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b);
 int uv_dealloc_mw(struct ibv_mw *mw);
 struct ibv_cq_ex *uv_create_cq_ex(struct ibv_context *ctx,
 				  struct ibv_cq_init_attr_ex *attr);
+int uv_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *v);
 struct ibv_qp *uv_create_qp_ex(struct ibv_context *ctx,
 			       struct ibv_qp_init_attr_ex *attr);
 void uv_qp_ex_init(struct ursa_qp *qp);

@@ -311,9 +311,12 @@ URSA_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 
 /* --- ibv_cq_ex ---------------------------------------------------------- */
 
+static const uint64_t cq_flags_ts = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+	IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
 static const uint64_t cq_flags_ok = IBV_WC_EX_WITH_BYTE_LEN |
 	IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
-	IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS;
+	IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS |
+	cq_flags_ts;
 
 static int next_one(struct ursa_cq *cq)
 {
@@ -353,6 +356,39 @@ static uint32_t r_slid(struct ibv_cq_ex *c) { return CUR(c).slid; }
 static uint8_t r_sl(struct ibv_cq_ex *c) { return CUR(c).sl; }
 static uint8_t r_dlid_path_bits(struct ibv_cq_ex *c) { return CUR(c).dlid_path_bits; }
 
+/* The device clock is CLOCK_MONOTONIC in ns (hca_core_clock 1 GHz,
+ * uv_query_rt_values); the wall clock of a completion is that instant
+ * moved to CLOCK_REALTIME. */
+static uint64_t r_ts(struct ibv_cq_ex *c)
+{
+	return to_ucq_ex(c)->cur_ts;
+}
+
+static uint64_t r_wallclock(struct ibv_cq_ex *c)
+{
+	struct timespec rt;
+	uint64_t mono = ursa_now_ns();
+
+	clock_gettime(CLOCK_REALTIME, &rt);
+	return (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec -
+	       (mono - to_ucq_ex(c)->cur_ts);
+}
+
+int uv_query_rt_values(struct ibv_context *c, struct ibv_values_ex *v)
+{
+	uint64_t ns = ursa_now_ns();
+
+	(void)c;
+	if (!v)
+		return EINVAL;
+	v->comp_mask &= IBV_VALUES_MASK_RAW_CLOCK;
+	if (v->comp_mask) {
+		v->raw_clock.tv_sec = (time_t)(ns / 1000000000ull);
+		v->raw_clock.tv_nsec = (long)(ns % 1000000000ull);
+	}
+	return 0;
+}
+
 void uv_cq_ex_init(struct ursa_cq *cq)
 {
 	struct ibv_cq_ex *x = &cq->ex;
@@ -370,6 +406,8 @@ void uv_cq_ex_init(struct ursa_cq *cq)
 	x->read_slid = r_slid;
 	x->read_sl = r_sl;
 	x->read_dlid_path_bits = r_dlid_path_bits;
+	x->read_completion_ts = r_ts;
+	x->read_completion_wallclock_ns = r_wallclock;
 }
 
 struct ibv_cq_ex *uv_create_cq_ex(struct ibv_context *c,
@@ -392,6 +430,11 @@ struct ibv_cq_ex *uv_create_cq_ex(struct ibv_context *c,
 		return ret_null(ret);
 	cq->ex_api = true;
 	cq->wc_flags_ex = a->wc_flags;
+	if ((a->wc_flags & cq_flags_ts) &&
+	    !(cq->ts = calloc(cq->size, sizeof(*cq->ts)))) {
+		ursa_cq_destroy(cq);
+		return ret_null(-ENOMEM);
+	}
 	uv_cq_ex_init(cq);
 	return &cq->ex;
 }

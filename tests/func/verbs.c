@@ -899,11 +899,60 @@ static int test_cq_ex(void)
 	ibv_end_poll(cx);
 	EXPECT_EQ(n, 3);
 	/* bad flow: unsupported completion fields */
-	ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+	ca.wc_flags = IBV_WC_EX_WITH_CVLAN;
 	EXPECT_NULL_ERRNO(ibv_create_cq_ex(f.ctx, &ca), EOPNOTSUPP);
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
 	ibv_destroy_cq(ibv_cq_ex_to_cq(cx));
+
+	/* Completion timestamps in the device clock that
+	 * ibv_query_rt_values_ex reads (1 GHz, hca_core_clock in kHz), and
+	 * the same instant on the wall clock. */
+	{
+		struct ibv_device_attr_ex dx;
+		struct ibv_values_ex v0 = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK }, v1 = v0;
+		struct timespec w0, w1;
+		uint64_t t0, t1, last = 0;
+
+		REQUIRE(ibv_query_device_ex(f.ctx, NULL, &dx) == 0);
+		EXPECT_EQ(dx.hca_core_clock, 1000000);
+		EXPECT_TRUE(dx.completion_timestamp_mask != 0);
+		ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+			      IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+		cx = ibv_create_cq_ex(f.ctx, &ca);
+		REQUIRE(cx);
+		a = make_qp(&f, IBV_QPT_RC, ibv_cq_ex_to_cq(cx), NULL, NULL);
+		b = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+		REQUIRE(a && b && connect_pair(a, b, ALL_REMOTE) == 0);
+		REQUIRE(ibv_query_rt_values_ex(f.ctx, &v0) == 0);
+		EXPECT_EQ(v0.comp_mask, IBV_VALUES_MASK_RAW_CLOCK);
+		clock_gettime(CLOCK_REALTIME, &w0);
+		for (int i = 0; i < 3; i++)
+			REQUIRE(post_send1(a, IBV_WR_RDMA_READ, buf, 16, mr->lkey,
+					   (uintptr_t)buf + 2048, mr->rkey, (uint64_t)i) == 0);
+		usleep(100000);
+		REQUIRE(ibv_query_rt_values_ex(f.ctx, &v1) == 0);
+		clock_gettime(CLOCK_REALTIME, &w1);
+		t0 = (uint64_t)v0.raw_clock.tv_sec * 1000000000ull + (uint64_t)v0.raw_clock.tv_nsec;
+		t1 = (uint64_t)v1.raw_clock.tv_sec * 1000000000ull + (uint64_t)v1.raw_clock.tv_nsec;
+		n = 0;
+		REQUIRE(ibv_start_poll(cx, &pa) == 0);
+		do {
+			uint64_t ts = ibv_wc_read_completion_ts(cx);
+			uint64_t wc = ibv_wc_read_completion_wallclock_ns(cx);
+
+			EXPECT_TRUE(ts >= t0 && ts <= t1 && ts >= last);
+			EXPECT_TRUE(wc + 1000000 >= (uint64_t)w0.tv_sec * 1000000000ull + (uint64_t)w0.tv_nsec &&
+				    wc <= (uint64_t)w1.tv_sec * 1000000000ull + (uint64_t)w1.tv_nsec + 1000000);
+			last = ts;
+			n++;
+		} while (ibv_next_poll(cx) == 0);
+		ibv_end_poll(cx);
+		EXPECT_EQ(n, 3);
+		ibv_destroy_qp(a);
+		ibv_destroy_cq(ibv_cq_ex_to_cq(cx));
+	}
+	ibv_destroy_qp(b);
 	ibv_dereg_mr(mr);
 	fx_close(&f);
 	free(buf);
