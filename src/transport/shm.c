@@ -201,6 +201,7 @@ static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
 		 c->qp ? c->qp->ex.qp_base.qp_num : 0, c->peer_qpn,
 		 (int)c->peer_pid);
 	c->state = URSA_CHAN_DEAD;
+	c->dead_ns = ursa_now_ns();
 	if (c->sock >= 0) {
 		epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->sock, NULL);
 		close(c->sock);
@@ -479,6 +480,7 @@ static void chan_welcome(struct ursa_engine *e, struct ursa_chan *c)
 		close(fds[2]);
 	}
 	c->state = URSA_CHAN_READY;
+	c->was_ready = true;
 	ursa_dbg("qp %u -> qp %u (pid %d): channel ready, %s%s",
 		 c->qp->ex.qp_base.qp_num, c->peer_qpn, (int)c->peer_pid,
 		 c->cma ? "cross-memory attach" : "copies through shared memory",
@@ -495,8 +497,14 @@ static struct ursa_chan *chan_for(struct ursa_qp *qp, uint32_t dqpn)
 		if (c->peer_qpn != dqpn)
 			continue;
 		/* A dead channel to a QPN is retried once the peer may be
-		 * back (a RESET/RTR cycle, or a new process). */
-		if (c->state == URSA_CHAN_DEAD && qp->ex.qp_base.qp_type == IBV_QPT_UD) {
+		 * back (a RESET/RTR cycle, or a new process); a connected
+		 * QP's channel only if it never got past the handshake (the
+		 * target refused it, or could not verify us yet), not
+		 * sooner than 10 ms after: a peer that died while connected
+		 * stays dead to it. */
+		if (c->state == URSA_CHAN_DEAD &&
+		    (qp->ex.qp_base.qp_type == IBV_QPT_UD ||
+		     (!c->was_ready && ursa_now_ns() - c->dead_ns > 10000000ull))) {
 			*pp = c->next;
 			chan_free(qp->ctx->eng, c);
 			break;

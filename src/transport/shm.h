@@ -161,6 +161,8 @@ struct ursa_chan {
 	void *last_resp;	/* responder: last response, for duplicates */
 	bool closed;		/* waiting in the engine's graveyard */
 	uint64_t hello_by;	/* responder: the hello's deadline (ns) */
+	bool was_ready;		/* requester: the handshake completed */
+	uint64_t dead_ns;	/* when it died */
 	struct ursa_chan *next;
 };
 
