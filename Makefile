@@ -110,7 +110,7 @@ $(BUILD)/tests/fuzz_pkt: tests/fuzz/fuzz_pkt.c src/proto/roce.c src/proto/roce.h
 	$(CC) $(APP_CFLAGS) tests/fuzz/fuzz_pkt.c src/proto/roce.c -o $@ $(LDFLAGS)
 
 # The responder and channel targets link the library's objects directly.
-$(BUILD)/tests/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_OBJ) $(wildcard src/*/*.h)
+$(BUILD)/tests/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.h $(LIB_OBJ) $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< $(LIB_OBJ) -o $@ $(LDFLAGS)
 

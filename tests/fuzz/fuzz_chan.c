@@ -22,7 +22,6 @@
  * Built as a libFuzzer target by `make fuzz`; otherwise main() replays the
  * committed corpus (tests/fuzz/corpus/chan) in `make test`.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -39,8 +38,8 @@
 
 #include "../../src/core/core.h"
 #include "../../src/transport/shm.h"
+#include "replay.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MRLEN 65536
 #define GUARD 4096
@@ -349,32 +348,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #ifndef URSA_LIBFUZZER
 int main(int argc, char **argv)
 {
-	int n = 0;
+	int n = fuzz_replay(argc, argv);
 
-	for (int i = 1; i < argc; i++) {
-		DIR *d = opendir(argv[i]);
-		struct dirent *e;
-
-		while (d && (e = readdir(d))) {
-			char p[4096];
-			uint8_t in[8192];
-			size_t k;
-			FILE *f;
-
-			if (e->d_name[0] == '.')
-				continue;
-			snprintf(p, sizeof(p), "%s/%s", argv[i], e->d_name);
-			f = fopen(p, "rb");
-			if (!f)
-				continue;
-			k = fread(in, 1, sizeof(in), f);
-			fclose(f);
-			LLVMFuzzerTestOneInput(in, k);	/* aborts on a finding */
-			n++;
-		}
-		if (d)
-			closedir(d);
-	}
 	printf("%s channel corpus replay: %d inputs, %lu welcomed, %lu requests taken\n",
 	       n && welcomed ? "ok  " : "FAIL", n, welcomed, served);
 	printf("%d passed, %d failed, 0 skipped\n", n && welcomed ? 1 : 0,
