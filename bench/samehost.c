@@ -17,6 +17,7 @@
  * Nothing here asserts a speed; it reports.
  */
 #include <infiniband/verbs.h>
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <sched.h>
 #include <signal.h>
@@ -210,11 +211,25 @@ static int side_open(struct side *s)
 		return -1;
 	s->pd = ibv_alloc_pd(s->ctx);
 	s->cq = ibv_create_cq(s->ctx, 4096, NULL, NULL, 0);
-	s->buf = mmap(NULL, BUFSZ, PROT_READ | PROT_WRITE,
-		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	{
+		/* Memory the other process maps (ursa_mem_alloc, found at run
+		 * time so that the program also runs on other libibverbs):
+		 * one-sided operations are then plain loads and stores.
+		 * Private memory would cost one system call per access. */
+		int (*alloc)(size_t, void **) = (int (*)(size_t, void **))
+			dlsym(RTLD_DEFAULT, "ursa_mem_alloc");
+		void *p = NULL;
+
+		if (!alloc || alloc(BUFSZ, &p)) {
+			p = mmap(NULL, BUFSZ, PROT_READ | PROT_WRITE,
+				 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (p != MAP_FAILED)
+				madvise(p, BUFSZ, MADV_HUGEPAGE);
+		}
+		s->buf = p;
+	}
 	if (!s->pd || !s->cq || s->buf == MAP_FAILED)
 		return -1;
-	madvise(s->buf, BUFSZ, MADV_HUGEPAGE);
 	memset(s->buf, 0, BUFSZ);
 	s->mr = ibv_reg_mr(s->pd, s->buf, BUFSZ, IBV_ACCESS_LOCAL_WRITE |
 			   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |

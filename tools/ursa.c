@@ -6,7 +6,7 @@
  *
  *   ursa devinfo            the device, its port, GIDs and limits
  *   ursa demo               two QPs: registration, keys, zero-copy transfers
- *   ursa mr SIZE [--thp|--odp]   register SIZE bytes, print the table
+ *   ursa mr SIZE [--thp|--odp|--shared]   register SIZE bytes, print the table
  *   ursa run -- PROG ARGS   run PROG with ursa's libibverbs.so.1
  *   ursa setup [--undo]     the same for every program of the host (root)
  *   ursa version
@@ -40,9 +40,11 @@ static void usage(FILE *f)
 		"  demo                    two QPs register memory, exchange keys and move\n"
 		"                          data zero-copy; prints keys, pinned pages,\n"
 		"                          translation entries and completions\n"
-		"  mr SIZE [--thp|--odp]   register SIZE bytes (K/M/G suffixes) and print\n"
+		"  mr SIZE [--thp|--odp|--shared]\n"
+		"                          register SIZE bytes (K/M/G suffixes) and print\n"
 		"                          its translation table (--thp: ask for huge pages,\n"
-		"                          --odp: register on demand, without pinning)\n"
+		"                          --odp: register on demand, without pinning,\n"
+		"                          --shared: memory from ursa_mem_alloc)\n"
 		"  run -- PROG [ARGS]      run PROG on ursa (sets LD_LIBRARY_PATH, and\n"
 		"                          LD_PRELOAD for the device's sysfs tree)\n"
 		"  stats -- PROG [ARGS]    the same, and print ursa's counters (per QP\n"
@@ -138,10 +140,13 @@ static void print_table(struct ibv_mr *mr, unsigned max_rows)
 	       in.pinned_bytes, in.on_demand ? " (on demand: nothing pinned)" : "",
 	       in.pages_4k, in.entries, in.huge_entries, in.page_size / 1024);
 	if (in.shared_bytes)
-		printf("      %" PRIu64 " bytes of whole pages moved into a memfd that requesters\n"
-		       "      on this host map (no system call per access)%s\n", in.shared_bytes,
-		       in.huge_entries ? "" : ";\n      a memfd has 4 KiB pages unless shmem "
-		       "huge pages are on\n      (ursa mr --thp: local-only memory keeps huge pages)");
+		printf("      in %" PRIu64 " bytes from ursa_mem_alloc that requesters on this\n"
+		       "      host map (no system call per access)\n", in.shared_bytes);
+	else
+		printf("      private memory: requesters on this host reach it by\n"
+		       "      process_vm_writev/readv (one system call per access)\n");
+	if (in.cached)
+		printf("      pins and table taken back from the registration cache\n");
 	for (uint32_t i = 0; i < in.entries && i < max_rows; i++) {
 		uint64_t va, ps;
 
@@ -380,7 +385,17 @@ static int cmd_demo(void)
 	ibv_destroy_qp(B.qp);
 	ibv_dereg_mr(A.mr);
 	ibv_dereg_mr(B.mr);
-	printf("    after deregistration: %" PRId64 " bytes pinned\n", ursa_pinned_total());
+	{
+		struct ursa_rcache_stats rs;
+
+		ursa_rcache_stats(&rs);
+		printf("    deregistered: %" PRIu64 " ranges (%" PRIu64 " bytes) parked, still pinned, in\n"
+		       "    the registration cache for the next ibv_reg_mr of the same pages\n",
+		       rs.entries, rs.bytes);
+	}
+	ursa_rcache_flush();
+	printf("    after deregistration and ursa_rcache_flush: %" PRId64 " bytes pinned\n",
+	       ursa_pinned_total());
 	ibv_destroy_cq(A.cq);
 	ibv_destroy_cq(B.cq);
 	ibv_dealloc_pd(A.pd);
@@ -409,7 +424,9 @@ static int parse_size(const char *s, size_t *out)
 static int cmd_mr(int argc, char **argv)
 {
 	size_t len;
-	int thp = 0, odp = 0;
+	int thp = 0, odp = 0, shared = 0;
+	struct ursa_rcache_stats rs;
+	struct ursa_mr_info in;
 	struct ibv_context *c;
 	struct ibv_pd *pd;
 	struct ibv_mr *mr;
@@ -424,6 +441,8 @@ static int cmd_mr(int argc, char **argv)
 			thp = 1;
 		else if (!strcmp(argv[i], "--odp"))
 			odp = 1;
+		else if (!strcmp(argv[i], "--shared"))
+			shared = 1;
 		else {
 			usage(stderr);
 			return 2;
@@ -433,12 +452,19 @@ static int cmd_mr(int argc, char **argv)
 	if (!c)
 		return 1;
 	pd = ibv_alloc_pd(c);
-	buf = mmap(NULL, len + (2u << 20), PROT_READ | PROT_WRITE,
-		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (!pd || buf == MAP_FAILED)
+	if (shared && ursa_mem_alloc(len, (void **)&buf))
 		return 1;
-	buf = (char *)(((uintptr_t)buf + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1));
-	madvise(buf, len, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	if (!shared) {
+		buf = mmap(NULL, len + (2u << 20), PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (buf == MAP_FAILED)
+			return 1;
+		buf = (char *)(((uintptr_t)buf + (2u << 20) - 1) &
+			       ~(uintptr_t)((2u << 20) - 1));
+		madvise(buf, len, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	}
+	if (!pd)
+		return 1;
 	memset(buf, 1, len);
 	mr = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE |
 			(odp ? IBV_ACCESS_ON_DEMAND : 0));
@@ -448,6 +474,15 @@ static int cmd_mr(int argc, char **argv)
 	}
 	print_table(mr, 16);
 	ibv_dereg_mr(mr);
+	/* the same pages again: the registration cache's case */
+	mr = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE |
+			(odp ? IBV_ACCESS_ON_DEMAND : 0));
+	if (mr && !ursa_mr_info(mr, &in) && !ursa_rcache_stats(&rs))
+		printf("    registered again: %s (registration cache: %" PRIu64 " hits, %"
+		       PRIu64 " misses)\n", in.cached ? "pins and table from the cache" :
+		       "built afresh", rs.hits, rs.misses);
+	if (mr)
+		ibv_dereg_mr(mr);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(c);
 	return 0;

@@ -25,6 +25,7 @@
  * free lists are linked through the free blocks themselves (whose version
  * word stays 0, so a reader never takes one for a value).
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,32 @@ static void drain(struct kv_table *t, double before)
 	}
 }
 
+/*
+ * The table lives in memory that clients on this host can map (ursa's
+ * ursa_mem_alloc, looked up at run time so that the server also runs on
+ * other libibverbs): their one-sided GETs are then plain loads, no system
+ * call per READ. Elsewhere, private anonymous memory.
+ */
+static void *table_alloc(size_t len)
+{
+	int (*alloc)(size_t, void **) = (int (*)(size_t, void **))
+		dlsym(RTLD_DEFAULT, "ursa_mem_alloc");
+	void *p;
+
+	if (alloc && !alloc(len, &p))
+		return p;
+	return mmap(NULL, len, PROT_READ | PROT_WRITE,
+		    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+}
+
+static void table_free(void *p, size_t len)
+{
+	int (*fr)(void *) = (int (*)(void *))dlsym(RTLD_DEFAULT, "ursa_mem_free");
+
+	if (!fr || fr(p))
+		munmap(p, len);
+}
+
 int kv_table_init(struct kv_table *t, uint64_t nbuckets, uint64_t heap_len)
 {
 	uint64_t boff = 4096, hoff;
@@ -124,8 +151,7 @@ int kv_table_init(struct kv_table *t, uint64_t nbuckets, uint64_t heap_len)
 	if (!t->free_cls)
 		return -ENOMEM;
 	t->len = hoff + heap_len;
-	t->base = mmap(NULL, t->len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	t->base = table_alloc(t->len);
 	if (t->base == MAP_FAILED) {
 		t->base = NULL;
 		free(t->free_cls);
@@ -149,7 +175,7 @@ int kv_table_init(struct kv_table *t, uint64_t nbuckets, uint64_t heap_len)
 void kv_table_free(struct kv_table *t)
 {
 	if (t->base)
-		munmap(t->base, t->len);
+		table_free(t->base, t->len);
 	free(t->free_cls);
 	free(t->q.v);
 	memset(t, 0, sizeof(*t));

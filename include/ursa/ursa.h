@@ -33,9 +33,14 @@ struct ursa_mr_info {
 	uint64_t pages_4k;	/* 4 KiB pages the range spans */
 	uint64_t pinned_bytes;	/* bytes pinned for this MR (0 with ODP) */
 	int on_demand;		/* registered with IBV_ACCESS_ON_DEMAND */
-	/* bytes of whole pages moved into a memfd that requesters on this
-	 * host map (their WRITE, READ and atomics then need no system call) */
+	/* bytes of the memory (from ursa_mem_alloc) that holds the MR and
+	 * that requesters on this host map: their WRITE, READ and atomics
+	 * need no system call. 0: they reach it by process_vm_writev/readv,
+	 * one system call and one copy per access. */
 	uint64_t shared_bytes;
+	/* 1 if this registration took its pins and translation table back
+	 * from the registration cache (ursa_rcache_stats) */
+	int cached;
 };
 
 /* Describe a memory region. */
@@ -45,8 +50,40 @@ int ursa_mr_info(struct ibv_mr *mr, struct ursa_mr_info *info);
 int ursa_mr_entry(struct ibv_mr *mr, uint32_t idx, uint64_t *va,
 		  uint64_t *page_size);
 
-/* Bytes currently pinned by all registrations of this process. */
+/* Bytes currently pinned by all registrations of this process (and by
+ * deregistered ones parked in the registration cache). */
 int64_t ursa_pinned_total(void);
+
+/*
+ * Memory that same-host peers map: len bytes (rounded up to 4 KiB pages),
+ * zeroed, in a memfd mapped shared and sealed against resizing. An MR
+ * inside one allocation is reached by requesters of other processes with
+ * plain loads and stores; private memory (malloc, mmap) by one system call
+ * per access. The memory is shared with children of fork(), like any
+ * MAP_SHARED mapping. Free with ursa_mem_free (not munmap).
+ */
+int ursa_mem_alloc(size_t len, void **out);
+int ursa_mem_free(void *p);
+
+/*
+ * The registration cache: ibv_dereg_mr parks the pinned pages and the
+ * translation table of an MR, and an ibv_reg_mr of the same page range
+ * takes them back (docs/design.md, "Registration cache"). Parked pages stay
+ * locked until taken back or evicted. URSA_RCACHE=0 turns it off;
+ * URSA_RCACHE_ENTRIES and URSA_RCACHE_MB bound it.
+ */
+struct ursa_rcache_stats {
+	uint64_t comp_mask;	/* 0 for now */
+	uint64_t hits, misses;	/* registrations served / not served */
+	uint64_t stale;		/* parked ranges found unmapped at a hit */
+	uint64_t evictions;	/* parked ranges unpinned to make room */
+	uint64_t entries, bytes;	/* parked now */
+	uint64_t max_entries, max_bytes;	/* bounds (0 entries: off) */
+};
+
+int ursa_rcache_stats(struct ursa_rcache_stats *st);
+/* Unpin every parked range: returns the bytes released, or -errno. */
+int64_t ursa_rcache_flush(void);
 
 struct ursa_qp_stats {
 	uint64_t comp_mask;

@@ -31,6 +31,7 @@
 #include "mtt.h"
 #include "pin.h"
 #include "ring.h"
+#include "rcache.h"
 #include "shmap.h"
 
 /* Device limits (documented in docs/design.md; advertised by query_device). */
@@ -69,6 +70,7 @@ struct ursa_device {
 	struct ursa_gid gids[URSA_MAX_GIDS];
 	struct ursa_keytab keys;
 	struct ursa_pinmap pins;
+	struct ursa_rcache rcache;	/* parked registrations (rcache.h) */
 	atomic_uint_fast64_t pd_handles;
 	pthread_mutex_t ctx_lock;
 	struct ursa_ctx *ctxs;	   /* open contexts, for port events */
@@ -128,8 +130,8 @@ struct ursa_mr {
 	struct ursa_mtt mtt;
 	uintptr_t pin_start, pin_end;	/* page-aligned pinned range, or 0 */
 	bool odp;
-	uintptr_t pg_start, pg_end;	/* page-aligned range of the buffer */
-	struct ursa_shmap_ref shm; /* the memfd its pages moved into (shmap.h) */
+	bool cached;			/* pins and table came from the rcache */
+	struct ursa_shmap_ref shm; /* the memfd that holds it (shmap.h) */
 	uint32_t pub_idx;	   /* 1 + entry in the published table (pub.h) */
 	void *pub_mem;		   /* the table it is in */
 };

@@ -57,14 +57,21 @@ static enum ibv_mtu mtu_from_if(int ifmtu)
 
 static int pin_lock(uintptr_t start, size_t len)
 {
-	/* Unmapped memory is EFAULT, as the kernel's ib_umem reports it.
-	 * msync(MS_ASYNC) checks the whole range in one call and does
-	 * nothing else to anonymous memory; it also keeps the check honest
-	 * under sanitizers, whose mlock interceptors do nothing. */
+	/* Unmapped memory is EFAULT, as the kernel's ib_umem reports it;
+	 * mlock's ENOMEM means either that or the kernel's locked-memory
+	 * limit, and msync(MS_ASYNC), which checks the whole range and does
+	 * nothing else to anonymous memory, tells them apart. Under
+	 * AddressSanitizer, whose mlock does nothing, msync checks first. */
+#ifdef __SANITIZE_ADDRESS__
 	if (msync((void *)start, len, MS_ASYNC) && errno == ENOMEM)
 		return -EFAULT;
-	/* Here ENOMEM can only be the kernel's own locked-memory limit. */
-	return mlock((void *)start, len) ? -errno : 0;
+#endif
+	if (!mlock((void *)start, len))
+		return 0;
+	if (errno == ENOMEM && msync((void *)start, len, MS_ASYNC) &&
+	    errno == ENOMEM)
+		return -EFAULT;
+	return -errno;
 }
 
 static void pin_unlock(uintptr_t start, size_t len)
@@ -256,10 +263,11 @@ static void dev_atfork_child(void)
 	ursa_keytab_init(&d->keys, 1024);
 	d->pins.segs = NULL;
 	ursa_pinmap_init(&d->pins, &real_pin_ops, memlock_limit());
+	/* (the parent's parked entries pin nothing here: forgotten) */
+	ursa_rcache_init(&d->rcache, &d->pins);
 	ursa_loop_atfork_child();
 	ursa_udp_atfork_child();
 	ursa_pub_atfork_child();
-	ursa_shmap_atfork_child();
 }
 
 static void dev_init(void)
@@ -283,6 +291,7 @@ static void dev_init(void)
 	ursa_device_refresh_gids(d);
 	dev_err = ursa_keytab_init(&d->keys, 1024);
 	ursa_pinmap_init(&d->pins, &real_pin_ops, memlock_limit());
+	ursa_rcache_init(&d->rcache, &d->pins);
 	pthread_atfork(NULL, NULL, dev_atfork_child);
 }
 

@@ -18,7 +18,6 @@
  */
 #include "core.h"
 #include "pub.h"
-#include "shmap.h"
 #include "../transport/shm.h"
 
 #include <errno.h>
@@ -59,66 +58,84 @@ static void unpublish(struct ursa_mr *mr)
 		ursa_shm_quiesce(to_uctx(mr->pd->ibv.context));
 }
 
-static int mr_map(struct ursa_mr *mr, void *addr, size_t length,
-		  unsigned int access)
+/* Pin [ps, pe), once more after flushing the registration cache if the
+ * parked pins are what stands in the way of RLIMIT_MEMLOCK. */
+static int mr_pin(struct ursa_device *dev, uintptr_t ps, uintptr_t pe)
+{
+	uint64_t newly = 0;
+	int ret = ursa_pin(&dev->pins, ps, pe, &newly);
+
+	if (ret == -EDQUOT && ursa_rcache_drain(&dev->rcache))
+		ret = ursa_pin(&dev->pins, ps, pe, &newly);
+	if (ret == -EDQUOT) {
+		ursa_err("ibv_reg_mr: pinning %llu more bytes would exceed RLIMIT_MEMLOCK (%llu bytes, %llu already pinned); raise it with 'ulimit -l' or in /etc/security/limits.conf, or register with IBV_ACCESS_ON_DEMAND",
+			 (unsigned long long)newly,
+			 (unsigned long long)dev->pins.limit,
+			 (unsigned long long)ursa_pinned_bytes(&dev->pins));
+		return -ENOMEM;
+	}
+	return ret == -EAGAIN ? -ENOMEM : ret;
+}
+
+/*
+ * Pin the pages and build the translation table, or take both back from
+ * the registration cache (rcache.h). The pages stay where they are: every
+ * access goes through the process's own mapping of them, so nothing a
+ * thread or the kernel writes to the buffer during registration can be
+ * lost. Whether same-host requesters can map the memory is looked up
+ * afresh each time (shmap.h).
+ */
+static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
 {
 	struct ursa_device *dev = ursa_device_get();
 	uintptr_t a = (uintptr_t)addr;
 	uintptr_t ps = a & ~(PAGE - 1);
 	uintptr_t pe = (a + length + PAGE - 1) & ~(PAGE - 1);
-	uint64_t newly = 0;
 	int ret;
 
-	/* Before pinning: moving pages drops their mlock. Only the pages of
-	 * MRs that other processes may reach are moved (not ODP ones, which
-	 * pin nothing). */
-	ursa_shmap_reg(a, length, ps, pe, !mr->odp && ursa_shmap_enabled() &&
-		       (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-				  IBV_ACCESS_REMOTE_ATOMIC)),
-		       &dev->pins, &mr->shm);
-	mr->pg_start = ps;
-	mr->pg_end = pe;
+	mr->cached = false;
+	if (mr->odp) {
+		ret = ursa_mtt_build_self(&mr->mtt, ps, pe);
+	} else if (!ursa_rcache_take(&dev->rcache, ps, pe, &mr->mtt)) {
+		/* The parked table holds addresses, which cannot go stale;
+		 * its page sizes can (the range may have been mapped again
+		 * with other pages): read them again where they can be
+		 * anything but 4 KiB. */
+		mr->cached = true;
+		ret = 0;
+		if (!ursa_mtt_small_only(ps, pe)) {
+			ursa_mtt_free(&mr->mtt);
+			ret = ursa_mtt_build_self(&mr->mtt, ps, pe);
+			if (ret)
+				ursa_unpin(&dev->pins, ps, pe);
+		}
+	} else {
+		ret = mr_pin(dev, ps, pe);
+		if (!ret) {
+			ret = ursa_mtt_build_self(&mr->mtt, ps, pe);
+			if (ret)
+				ursa_unpin(&dev->pins, ps, pe);
+		}
+	}
+	if (ret)
+		return ret;
 	if (!mr->odp) {
-		ret = ursa_pin(&dev->pins, ps, pe, &newly);
-		if (ret == -EDQUOT) {
-			ursa_err("ibv_reg_mr: pinning %llu more bytes would exceed RLIMIT_MEMLOCK (%llu bytes, %llu already pinned); raise it with 'ulimit -l' or in /etc/security/limits.conf, or register with IBV_ACCESS_ON_DEMAND",
-				 (unsigned long long)newly,
-				 (unsigned long long)dev->pins.limit,
-				 (unsigned long long)ursa_pinned_bytes(&dev->pins));
-			ret = -ENOMEM;
-			goto err;
-		}
-		if (ret) {
-			ret = ret == -EAGAIN ? -ENOMEM : ret;
-			goto err;
-		}
 		mr->pin_start = ps;
 		mr->pin_end = pe;
 	}
-	ret = ursa_mtt_build_self(&mr->mtt, ps, pe);
-	if (ret && !mr->odp) {
-		ursa_unpin(&dev->pins, ps, pe);
-		mr->pin_start = mr->pin_end = 0;
-	}
-	if (!ret)
-		return 0;
-err:
-	ursa_shmap_unreg(ps, pe);
-	mr->pg_start = mr->pg_end = 0;
-	mr->shm.fd = -1;
-	return ret;
+	ursa_shmap_find(ps, pe, &mr->shm);
+	return 0;
 }
 
+/* Undo mr_map: the pins and the table go to the registration cache. */
 static void mr_unmap(struct ursa_mr *mr)
 {
 	struct ursa_device *dev = ursa_device_get();
 
 	if (mr->pin_end)
-		ursa_unpin(&dev->pins, mr->pin_start, mr->pin_end);
+		ursa_rcache_park(&dev->rcache, mr->pin_start, mr->pin_end,
+				 &mr->mtt);
 	mr->pin_start = mr->pin_end = 0;
-	if (mr->pg_end)
-		ursa_shmap_unreg(mr->pg_start, mr->pg_end);
-	mr->pg_start = mr->pg_end = 0;
 	mr->shm.fd = -1;
 	ursa_mtt_free(&mr->mtt);
 }
@@ -158,7 +175,7 @@ int ursa_mr_reg(struct ursa_pd *pd, void *addr, size_t length, uint64_t iova,
 	mr->length = length;
 	mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
 	mr->odp = access & IBV_ACCESS_ON_DEMAND;
-	ret = mr_map(mr, addr, length, mr->access);
+	ret = mr_map(mr, addr, length);
 	if (ret)
 		goto err_free;
 	ret = ursa_keytab_add(&dev->keys, &mr->lk, URSA_KEY_MR_LKEY,
@@ -243,8 +260,7 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
 		memset(&tmp, 0, sizeof(tmp));
 		tmp.odp = mr->odp;
-		ret = mr_map(&tmp, addr, length,
-			     flags & IBV_REREG_MR_CHANGE_ACCESS ? access : mr->access);
+		ret = mr_map(&tmp, addr, length);
 		if (ret) {
 			atomic_store(&mr->state, URSA_MR_VALID);
 			ursa_pub_mr_add(mr);
@@ -254,8 +270,7 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 		mr->mtt = tmp.mtt;
 		mr->pin_start = tmp.pin_start;
 		mr->pin_end = tmp.pin_end;
-		mr->pg_start = tmp.pg_start;
-		mr->pg_end = tmp.pg_end;
+		mr->cached = tmp.cached;
 		mr->shm = tmp.shm;
 		mr->addr = (uintptr_t)addr;
 		mr->iova = (uintptr_t)addr;

@@ -7,7 +7,9 @@
  * /proc/kpageflags its THP bit. Without it, smaps only says how many bytes of
  * a mapping are huge; when that equals every aligned 2 MiB block of the
  * mapping the answer is still exact, otherwise ursa stays conservative and
- * lists 4 KiB entries.
+ * lists 4 KiB entries. Where the kernel has the PAGEMAP_SCAN ioctl (Linux
+ * 6.7), anonymous memory needs neither: it reports which pages are mapped
+ * huge, for the range alone, without privileges.
  */
 #include "mtt.h"
 #include "vma.h"
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #define BASE_SHIFT 12
@@ -155,36 +158,120 @@ static bool shmem_huge(void)
 	return atomic_load_explicit(&huge, memory_order_relaxed);
 }
 
-/*
- * Does [start, end) need /proc/self/smaps? Reading it walks the page tables
- * of every mapping of the process (it costs about 0.4 ms in a small
- * process, a hundred times an mlock of 4 KiB), so it is read only when a
- * page could be larger than 4 KiB: the range holds a whole aligned 2 MiB
- * block (a transparent huge page), or it touches a mapping with a name
- * that is a file or a hugetlb mapping ("/anon_hugepage"). /proc/self/maps,
- * which walks nothing, tells. Unsure (no maps): yes.
- */
-static bool need_smaps(uintptr_t start, uintptr_t end)
+/* Does [start, end) touch a mapping that is a file or a hugetlb mapping
+ * ("/anon_hugepage"), whose pages may be larger than 4 KiB? A memfd of
+ * ursa_mem_alloc (shmap.h) has huge pages only when shmem huge pages are
+ * on. Unsure (no maps): yes. */
+static bool named_in(uintptr_t start, uintptr_t end)
 {
-	uintptr_t a2 = (start + THP_SIZE - 1) & ~(THP_SIZE - 1);
 	struct ursa_vma_info v;
 
-	if (a2 + THP_SIZE <= end)
-		return true;
 	for (uintptr_t at = start; at < end; at = v.end) {
 		int ret = ursa_vma_query(at, true, false, &v);
 
 		if (ret == -ENOENT || (!ret && v.start >= end))
 			return false;
-		/* file-backed or /anon_hugepage; a memfd that registration
-		 * moved pages into (shmap.h) has huge pages only when shmem
-		 * huge pages are on */
 		if (ret || (v.name[0] == '/' &&
-			    (strncmp(v.name, "/memfd:ursa-mr ", 15) ||
+			    (strncmp(v.name, "/memfd:ursa-mem ", 16) ||
 			     shmem_huge())))
 			return true;
 	}
 	return false;
+}
+
+/*
+ * Does [start, end) need more than 4 KiB entries? Reading smaps walks the
+ * page tables of every mapping of the process (about 0.4 ms in a small
+ * process, a hundred times an mlock of 4 KiB), so only a range that holds
+ * a whole aligned 2 MiB block (a transparent huge page) or a named mapping
+ * asks; /proc/self/maps, which walks nothing, tells the second.
+ */
+static bool need_smaps(uintptr_t start, uintptr_t end)
+{
+	uintptr_t a2 = (start + THP_SIZE - 1) & ~(THP_SIZE - 1);
+
+	return a2 + THP_SIZE <= end || named_in(start, end);
+}
+
+/* The kernel's ABI (include/uapi/linux/fs.h, Linux 6.7), spelled out for
+ * older headers. */
+struct pm_page_region {
+	uint64_t start, end, categories;
+};
+struct pm_scan_arg {
+	uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+	uint64_t category_inverted, category_mask, category_anyof_mask;
+	uint64_t return_mask;
+};
+#define PM_SCAN _IOWR('f', 16, struct pm_scan_arg)
+#define PM_PAGE_IS_HUGE (1u << 6)
+
+/* The huge pages of [start, end) as the kernel maps them, for scan_probe. */
+static _Thread_local const struct pm_page_region *scan_regs;
+static _Thread_local size_t scan_n;
+
+static int scan_probe(uintptr_t va)
+{
+	for (size_t i = 0; i < scan_n; i++)
+		if (scan_regs[i].start <= va && va + THP_SIZE <= scan_regs[i].end)
+			return 1;
+	return 0;
+}
+
+/* Build the table of anonymous [start, end) from PAGEMAP_SCAN: 0, or -1
+ * when the kernel cannot tell (then smaps does). */
+static int build_scanned(struct ursa_mtt *m, uintptr_t start, uintptr_t end)
+{
+	static atomic_int absent;
+	size_t cap = ((end - start) >> THP_SHIFT) + 1, n = 0;
+	struct pm_page_region *r;
+	struct ursa_vma v = { start, end, BASE_SHIFT, 1 };
+	struct pm_scan_arg a;
+	int fd, ret = -1;
+
+	if (atomic_load_explicit(&absent, memory_order_relaxed))
+		return -1;
+	r = calloc(cap, sizeof(*r));
+	fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	for (uintptr_t at = start; r && fd >= 0 && at < end && n < cap;) {
+		long got;
+
+		memset(&a, 0, sizeof(a));
+		a.size = sizeof(a);
+		a.start = at;
+		a.end = end;
+		a.vec = (uintptr_t)(r + n);
+		a.vec_len = cap - n;
+		a.category_mask = PM_PAGE_IS_HUGE;
+		a.return_mask = PM_PAGE_IS_HUGE;
+		got = ioctl(fd, PM_SCAN, &a);
+		if (got < 0) {
+			if (errno == ENOTTY || errno == EINVAL)
+				atomic_store_explicit(&absent, 1, memory_order_relaxed);
+			n = SIZE_MAX;
+			break;
+		}
+		n += (size_t)got;
+		if (a.walk_end <= at || a.walk_end >= end)
+			break;
+		at = a.walk_end;
+	}
+	if (fd >= 0)
+		close(fd);
+	if (r && n != SIZE_MAX) {
+		scan_regs = r;
+		scan_n = n;
+		ret = ursa_mtt_build(m, start, end, &v, 1, scan_probe);
+		scan_regs = NULL;
+		scan_n = 0;
+	}
+	free(r);
+	return ret;
+}
+
+bool ursa_mtt_small_only(uintptr_t start, uintptr_t end)
+{
+	return !need_smaps(start, end);
 }
 
 int ursa_mtt_build_self(struct ursa_mtt *m, uintptr_t start, uintptr_t end)
@@ -197,6 +284,11 @@ int ursa_mtt_build_self(struct ursa_mtt *m, uintptr_t start, uintptr_t end)
 
 	if (!need_smaps(start, end))	/* 4 KiB pages throughout */
 		return ursa_mtt_build(m, start, end, NULL, 0, NULL);
+	if (!named_in(start, end)) {
+		ret = build_scanned(m, start, end);
+		if (ret >= 0)
+			return ret;
+	}
 	f = fopen("/proc/self/smaps", "re");
 	if (!f)
 		return ursa_mtt_build(m, start, end, NULL, 0, NULL);

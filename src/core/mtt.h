@@ -14,6 +14,7 @@
 #ifndef URSA_MTT_H
 #define URSA_MTT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,6 +49,10 @@ int ursa_mtt_build(struct ursa_mtt *m, uintptr_t start, uintptr_t end,
 /* Same, reading the VMA list from /proc/self/smaps. */
 int ursa_mtt_build_self(struct ursa_mtt *m, uintptr_t start, uintptr_t end);
 void ursa_mtt_free(struct ursa_mtt *m);
+/* Can only 4 KiB pages back [start, end), whatever is mapped there now (no
+ * whole 2 MiB block, no file or hugetlb mapping)? Then its table is known
+ * without reading smaps. */
+bool ursa_mtt_small_only(uintptr_t start, uintptr_t end);
 /* The binary search behind ursa_mtt_lookup. */
 long ursa_mtt_search(const struct ursa_mtt *m, uintptr_t va);
 

@@ -208,3 +208,8 @@ bool ursa_pinned_any(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end)
 	pthread_mutex_unlock(&pm->mu);
 	return any;
 }
+
+int ursa_pin_refresh(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end)
+{
+	return pm->ops->lock(start, end - start);
+}

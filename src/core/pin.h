@@ -48,6 +48,10 @@ void ursa_pinmap_fini(struct ursa_pinmap *pm);
 int ursa_pin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end,
 	     uint64_t *newly);
 void ursa_unpin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);
+/* Lock [start, end), which the caller already pins, once more, whatever is
+ * mapped there now (the registration cache, rcache.h): 0 or lock()'s
+ * error. Counts and accounting do not change. */
+int ursa_pin_refresh(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);
 uint64_t ursa_pinned_bytes(struct ursa_pinmap *pm);
 /* Does any MR pin a page of [start, end)? */
 bool ursa_pinned_any(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);

@@ -46,25 +46,35 @@ _Static_assert(sizeof(struct procmap_query) == 104, "procmap_query ABI");
 
 static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
 static int maps_fd = -1;
-static pid_t maps_pid;
 static atomic_int procmap_state;	/* 0 unknown, 1 works, -1 absent */
 
+static pthread_once_t maps_once = PTHREAD_ONCE_INIT;
+
+/* One inherited across fork() names the parent: the child opens its own
+ * (an atfork handler rather than a getpid() system call per query). */
+static void maps_atfork_child(void)
+{
+	pthread_mutex_init(&maps_lock, NULL);
+	if (maps_fd >= 0)
+		close(maps_fd);
+	maps_fd = -1;
+}
+
+static void maps_register(void)
+{
+	pthread_atfork(NULL, NULL, maps_atfork_child);
+}
+
 /* Our descriptor of /proc/self/maps for the ioctl, opened once per
- * process: one inherited across fork() names the parent. */
+ * process. */
 static int maps_fd_get(void)
 {
-	pid_t pid = getpid();
 	int fd;
 
+	pthread_once(&maps_once, maps_register);
 	pthread_mutex_lock(&maps_lock);
-	if (maps_fd >= 0 && maps_pid != pid) {
-		close(maps_fd);
-		maps_fd = -1;
-	}
-	if (maps_fd < 0) {
+	if (maps_fd < 0)
 		maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-		maps_pid = pid;
-	}
 	fd = maps_fd;
 	pthread_mutex_unlock(&maps_lock);
 	return fd;
@@ -108,6 +118,7 @@ static int query_ioctl(uintptr_t addr, bool next, struct ursa_vma_info *out,
 	out->perms[3] = q.vma_flags & PQ_SHARED ? 's' : 'p';
 	out->perms[4] = 0;
 	out->ino = q.inode;
+	out->offset = q.vma_offset;
 	/* (vma_name_size counts the terminating NUL; 0: no name) */
 	set_name(out, name, q.vma_name_size ? strnlen(name, q.vma_name_size) : 0);
 	*ret = 0;
@@ -144,7 +155,7 @@ static const char *field(const char *p)
 /* One line of /proc/self/maps: "start-end perms offset dev inode   name". */
 static bool parse_line(const char *l, struct ursa_vma_info *v)
 {
-	uint64_t a, b, ino = 0;
+	uint64_t a, b, off, ino = 0;
 	const char *p = hex(l, &a);
 	size_t n;
 
@@ -155,7 +166,9 @@ static bool parse_line(const char *l, struct ursa_vma_info *v)
 		return false;
 	memcpy(v->perms, p + 1, 4);
 	v->perms[4] = 0;
-	p = field(field(field(p + 1)));	/* perms, offset, dev */
+	p = field(p + 1);		/* perms */
+	hex(p, &off);
+	p = field(field(p));		/* offset, dev */
 	for (; *p >= '0' && *p <= '9'; p++)
 		ino = ino * 10 + (uint64_t)(*p - '0');
 	while (*p == ' ')
@@ -164,6 +177,7 @@ static bool parse_line(const char *l, struct ursa_vma_info *v)
 	v->start = (uintptr_t)a;
 	v->end = (uintptr_t)b;
 	v->ino = ino;
+	v->offset = off;
 	set_name(v, p, n);
 	return true;
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * vma.h - which mapping of this process holds an address: what
- * registration asks before it moves pages into a memfd (shmap.c) and
+ * registration asks to find memory other processes can map (shmap.c) and
  * before it reads /proc/self/smaps for page sizes (mtt.c).
  *
  * The answer comes from the PROCMAP_QUERY ioctl on /proc/self/maps (Linux
@@ -22,6 +22,7 @@ struct ursa_vma_info {
 	uintptr_t start, end;
 	char perms[5];		/* as /proc/self/maps spells them: "rw-p" */
 	uint64_t ino;		/* 0: anonymous */
+	uint64_t offset;	/* file offset of start */
 	char name[64];		/* path or "[heap]"; "" when anonymous */
 };
 

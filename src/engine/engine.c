@@ -319,75 +319,6 @@ static uint64_t spin_adapt(const struct ursa_engine *e, uint64_t gap)
 	return MIN(e->spin_max_ns, MAX(e->spin_ns, gap + gap / 2));
 }
 
-/*
- * Parking: shmap.c may move registered pages only while no other thread
- * writes memory (shmap.h), and the engines are threads of ours that do
- * (their allocations, the requests they carry out). ursa_engines_park asks
- * every engine of the process to wait at the top of its loop, where it
- * holds nothing, and returns once all do; ursa_engines_unpark lets them go.
- * park_req is read with acquire by the engines; the count and the wait are
- * under park_lock.
- */
-static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t park_cond = PTHREAD_COND_INITIALIZER;
-static atomic_int park_req;
-static int parked;
-
-static void park_if_asked(void)
-{
-	if (!atomic_load_explicit(&park_req, memory_order_acquire))
-		return;
-	pthread_mutex_lock(&park_lock);
-	parked++;
-	pthread_cond_broadcast(&park_cond);
-	while (atomic_load_explicit(&park_req, memory_order_acquire))
-		pthread_cond_wait(&park_cond, &park_lock);
-	parked--;
-	pthread_mutex_unlock(&park_lock);
-}
-
-static void engines_unpark(void)
-{
-	pthread_mutex_lock(&park_lock);
-	atomic_store_explicit(&park_req, 0, memory_order_release);
-	pthread_cond_broadcast(&park_cond);
-	pthread_mutex_unlock(&park_lock);
-}
-
-/* Number of engines parked, or -ETIMEDOUT (one did not come: it may be
- * stopping, or blocked). */
-static int engines_park(void)
-{
-	struct ursa_device *d = ursa_device_get();
-	struct timespec until;
-	uint64_t one = 1;
-	int n = 0, r = 0;
-
-	if (!d)
-		return -ENODEV;
-	atomic_store_explicit(&park_req, 1, memory_order_release);
-	pthread_mutex_lock(&d->ctx_lock);
-	for (struct ursa_ctx *c = d->ctxs; c; c = c->next_ctx) {
-		if (!c->eng || c->eng->forked)
-			continue;
-		n++;
-		/* wake it if it sleeps: the doorbell ends its wait */
-		if (write(c->eng->efd, &one, sizeof(one)) < 0)
-			ursa_err("engine park: %s", strerror(errno));
-	}
-	pthread_mutex_unlock(&d->ctx_lock);
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += 1;
-	pthread_mutex_lock(&park_lock);
-	while (parked < n && r == 0)
-		r = pthread_cond_timedwait(&park_cond, &park_lock, &until);
-	r = parked < n ? -ETIMEDOUT : n;
-	pthread_mutex_unlock(&park_lock);
-	if (r < 0)
-		engines_unpark();
-	return r;
-}
-
 static void *engine_main(void *arg)
 {
 	struct ursa_engine *e = arg;
@@ -401,7 +332,6 @@ static void *engine_main(void *arg)
 		uint64_t now, deadline = UINT64_MAX;
 		int work = 0;
 
-		park_if_asked();
 		now = ursa_now_ns();
 		if (lock_unless_app(e, now)) {
 			/* Only the engine frees closed channels: it alone
@@ -573,7 +503,6 @@ int ursa_engine_start(struct ursa_ctx *ctx)
 		goto err;
 	}
 	ctx->eng = e;
-	ursa_shmap_set_world(engines_park, engines_unpark);
 	ret = -pthread_create(&e->thr, NULL, engine_main, e);
 	if (ret) {
 		ctx->eng = NULL;

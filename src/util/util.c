@@ -63,7 +63,22 @@ long ursa_env_long(const char *name, long def, long min, long max)
 /* xoshiro256** (Blackman and Vigna, public domain algorithm). */
 static pthread_mutex_t rand_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t rand_s[4];
-static pid_t rand_pid;
+static bool rand_seeded;	/* under rand_lock; false again in a child */
+static pthread_once_t rand_once = PTHREAD_ONCE_INIT;
+
+/* A child of fork() must not draw the parent's sequence (keys, PSNs): it
+ * seeds anew. (An atfork handler, not a getpid() per draw: registration
+ * draws two keys, and each getpid is a system call.) */
+static void rand_atfork_child(void)
+{
+	pthread_mutex_init(&rand_lock, NULL);
+	rand_seeded = false;
+}
+
+static void rand_register(void)
+{
+	pthread_atfork(NULL, NULL, rand_atfork_child);
+}
 
 static inline uint64_t rotl(uint64_t x, int k)
 {
@@ -84,15 +99,16 @@ static void rand_seed(void)
 	}
 	for (int i = 0; i < 4; i++)
 		rand_s[i] = seed[i];
-	rand_pid = getpid();
+	rand_seeded = true;
 }
 
 uint64_t ursa_rand64(void)
 {
 	uint64_t r, t;
 
+	pthread_once(&rand_once, rand_register);
 	pthread_mutex_lock(&rand_lock);
-	if (rand_pid != getpid())
+	if (!rand_seeded)
 		rand_seed();
 	r = rotl(rand_s[1] * 5, 7) * 9;
 	t = rand_s[1] << 17;

@@ -187,6 +187,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 EXPORT int ibv_close_device(struct ibv_context *c)
 {
 	struct ursa_ctx *ctx = to_uctx(c);
+	bool last;
 
 	if (atomic_load(&ctx->nobjs))
 		ursa_info("ibv_close_device: %d CQs/QPs still open",
@@ -197,7 +198,12 @@ EXPORT int ibv_close_device(struct ibv_context *c)
 			*pp = ctx->next_ctx;
 			break;
 		}
+	last = !ctx->dev->ctxs;
 	pthread_mutex_unlock(&ctx->dev->ctx_lock);
+	/* The last context gone: parked registrations (rcache.h) unlock
+	 * their pages (MRs a program never deregistered keep theirs). */
+	if (last)
+		ursa_rcache_drain(&ctx->dev->rcache);
 	ursa_udp_ctx_gone(ctx);
 	ursa_engine_stop(ctx);
 	ursa_evq_fini(&ctx->async, free);

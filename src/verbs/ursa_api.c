@@ -49,6 +49,7 @@ EXPORT int ursa_mr_info(struct ibv_mr *ibmr, struct ursa_mr_info *info)
 	info->pinned_bytes = mr->pin_end - mr->pin_start;
 	info->shared_bytes = mr->shm.fd >= 0 ? mr->shm.len : 0;
 	info->on_demand = mr->odp;
+	info->cached = mr->cached;
 	return 0;
 }
 
@@ -74,6 +75,49 @@ EXPORT int64_t ursa_pinned_total(void)
 	struct ursa_device *dev = ursa_device_get();
 
 	return dev ? (int64_t)ursa_pinned_bytes(&dev->pins) : -ENODEV;
+}
+
+EXPORT int ursa_mem_alloc(size_t len, void **out)
+{
+	if (!out)
+		return -EINVAL;
+	return ursa_shmap_alloc(len, out);
+}
+
+EXPORT int ursa_mem_free(void *p)
+{
+	return ursa_shmap_free(p);
+}
+
+EXPORT int ursa_rcache_stats(struct ursa_rcache_stats *st)
+{
+	struct ursa_device *dev = ursa_device_get();
+	struct ursa_rcache *rc;
+
+	if (!st)
+		return -EINVAL;
+	if (!dev)
+		return -ENODEV;
+	rc = &dev->rcache;
+	memset(st, 0, sizeof(*st));
+	pthread_mutex_lock(&rc->mu);
+	st->hits = rc->hits;
+	st->misses = rc->misses;
+	st->stale = rc->stale;
+	st->evictions = rc->evictions;
+	st->entries = rc->n;
+	st->bytes = rc->bytes;
+	st->max_entries = rc->max_n;
+	st->max_bytes = rc->max_bytes;
+	pthread_mutex_unlock(&rc->mu);
+	return 0;
+}
+
+EXPORT int64_t ursa_rcache_flush(void)
+{
+	struct ursa_device *dev = ursa_device_get();
+
+	return dev ? (int64_t)ursa_rcache_drain(&dev->rcache) : -ENODEV;
 }
 
 EXPORT int ursa_qp_stats(struct ibv_qp *ibqp, struct ursa_qp_stats *st)

@@ -259,6 +259,17 @@ static int test_reg_mr(void)
 	EXPECT_EQ(ibv_dereg_mr(m1), 0);
 	EXPECT_EQ(ibv_dereg_mr(m2), 0);
 	EXPECT_EQ(ibv_dereg_mr(m3), 0);
+	{
+		/* the pinned ones are parked in the registration cache,
+		 * still pinned, until flushed */
+		struct ursa_rcache_stats rs;
+
+		EXPECT_EQ(ursa_rcache_stats(&rs), 0);
+		EXPECT_TRUE(rs.entries >= 1 && ursa_pinned_total() > 0);
+		EXPECT_TRUE(ursa_rcache_flush() > 0);
+		EXPECT_EQ(ursa_rcache_stats(&rs), 0);
+		EXPECT_EQ(rs.entries, 0);
+	}
 	EXPECT_EQ(ursa_pinned_total(), 0);
 	fx_close(&f);
 	free(buf);
@@ -284,6 +295,7 @@ static int test_reg_mr_bad_flow(void)
 	 * ever be (a freshly unmapped hole could be reused by another
 	 * thread before the call) */
 	hole = (void *)0x2000;
+	EXPECT_TRUE(ursa_rcache_flush() >= 0);
 	EXPECT_NULL_ERRNO(ibv_reg_mr(f.pd, hole, 8192, IBV_ACCESS_LOCAL_WRITE), EFAULT);
 	EXPECT_EQ(ursa_pinned_total(), 0);
 	fx_close(&f);
@@ -298,14 +310,20 @@ static int test_overlapping_pins(void)
 	struct ibv_mr *a, *b;
 
 	REQUIRE(fx_open(&f, 1) == 0);
+	/* (the registration cache would keep deregistered pins: drained
+	 * before each count) */
+	EXPECT_TRUE(ursa_rcache_flush() >= 0);
 	a = ibv_reg_mr(f.pd, buf, 8 * 4096, IBV_ACCESS_LOCAL_WRITE);
 	b = ibv_reg_mr(f.pd, buf + 4 * 4096, 8 * 4096, IBV_ACCESS_LOCAL_WRITE);
 	REQUIRE(a && b);
 	EXPECT_EQ(ursa_pinned_total(), 12 * 4096);
 	EXPECT_EQ(ibv_dereg_mr(a), 0);
+	EXPECT_EQ(ursa_pinned_total(), 12 * 4096);	/* a's parked */
+	EXPECT_TRUE(ursa_rcache_flush() == 8 * 4096);
 	/* b's pages stay pinned */
 	EXPECT_EQ(ursa_pinned_total(), 8 * 4096);
 	EXPECT_EQ(ibv_dereg_mr(b), 0);
+	EXPECT_TRUE(ursa_rcache_flush() >= 0);
 	EXPECT_EQ(ursa_pinned_total(), 0);
 	fx_close(&f);
 	free(buf);
@@ -497,6 +515,7 @@ static int test_rereg_mr(void)
 	EXPECT_EQ(mr->lkey, lk);
 	EXPECT_EQ(ursa_mr_info(mr, &info), 0);
 	EXPECT_EQ(info.entries, 4);
+	EXPECT_TRUE(ursa_rcache_flush() >= 0);	/* (a's old pins) */
 	EXPECT_EQ(ursa_pinned_total(), 16384);
 	EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS,
 			       pd2, NULL, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ), 0);

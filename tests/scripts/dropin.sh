@@ -66,7 +66,7 @@ fi
 out=$("$BUILD/bin/ursa" run -- "$BUILD/bin/ursa" demo 2>&1); rc=$?
 if [ $rc = 0 ] && echo "$out" | grep -q "B's memory now equals A's" &&
    echo "$out" | grep -q "why: remote: range outside the registered region" &&
-   echo "$out" | grep -q "after deregistration: 0 bytes pinned"; then
+   echo "$out" | grep -q "after deregistration and ursa_rcache_flush: 0 bytes pinned"; then
 	ok ursa_demo
 else
 	bad ursa_demo "rc=$rc"; echo "$out" | tail -5
