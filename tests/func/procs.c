@@ -976,6 +976,74 @@ static int test_reg_leaves_pages(void)
 }
 
 /*
+ * The registration cache is never stale: a range deregistered, then
+ * unmapped and mapped again at the same address with other contents and
+ * other page sizes, registers as a hit whose table describes the new pages
+ * and whose WRITEs carry the new contents; a range unmapped for good is
+ * refused (EFAULT) and counted stale, not served from the cache.
+ */
+static int test_rcache_never_stale(void)
+{
+	size_t len = 4 << 20, al = 2 << 20;
+	struct ursa_rcache_stats rs;
+	struct ursa_mr_info in;
+	struct ibv_qp *q1, *q2;
+	struct ibv_mr *mr, *dst;
+	struct ibv_wc wc;
+	struct fx f;
+	char *base, *a, *out = aligned_alloc(4096, len);
+	uint64_t stale0;
+
+	REQUIRE(out && fx_open(&f, 16) == 0);
+	q1 = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+	q2 = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+	REQUIRE(q1 && q2 && connect_pair(q1, q2, ALL_REMOTE) == 0);
+	dst = ibv_reg_mr(f.pd, out, len, ALL_REMOTE);
+	base = mmap(NULL, len + al, PROT_READ | PROT_WRITE,
+		    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	REQUIRE(dst && base != MAP_FAILED);
+	a = (char *)(((uintptr_t)base + al - 1) & ~(uintptr_t)(al - 1));
+	madvise(a, len, MADV_HUGEPAGE);
+	memset(a, 'o', len);
+	mr = ibv_reg_mr(f.pd, a, len, ALL_REMOTE);
+	REQUIRE(mr);
+	EXPECT_EQ(ibv_dereg_mr(mr), 0);
+	/* the same addresses, new memory: 4 KiB pages, new contents */
+	REQUIRE(mmap(a, len, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == a);
+	madvise(a, len, MADV_NOHUGEPAGE);
+	memset(a, 'n', len);
+	mr = ibv_reg_mr(f.pd, a, len, ALL_REMOTE);
+	REQUIRE(mr);
+	EXPECT_EQ(ursa_mr_info(mr, &in), 0);
+	EXPECT_EQ(in.cached, 1);
+	EXPECT_EQ(in.huge_entries, 0);
+	EXPECT_EQ(in.entries, len / 4096);
+	EXPECT_EQ(in.pinned_bytes, len);
+	REQUIRE(post_send1(q1, IBV_WR_RDMA_WRITE, a, (uint32_t)len, mr->lkey,
+			   (uintptr_t)out, dst->rkey, 1) == 0);
+	REQUIRE(wait_wc(f.cq, &wc, 10000) == 1);
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+	EXPECT_TRUE(out[0] == 'n' && out[len - 1] == 'n');
+	EXPECT_EQ(ibv_dereg_mr(mr), 0);
+	/* unmapped for good: refused, and the entry counted stale */
+	EXPECT_EQ(ursa_rcache_stats(&rs), 0);
+	stale0 = rs.stale;
+	munmap(base, len + al);
+	errno = 0;
+	EXPECT_TRUE(ibv_reg_mr(f.pd, a, len, ALL_REMOTE) == NULL);
+	EXPECT_EQ(errno, EFAULT);
+	EXPECT_EQ(ursa_rcache_stats(&rs), 0);
+	EXPECT_EQ(rs.stale, stale0 + 1);
+	ibv_destroy_qp(q1);
+	ibv_destroy_qp(q2);
+	ibv_dereg_mr(dst);
+	fx_close(&f);
+	free(out);
+	return TEST_RESULT();
+}
+
+/*
  * Writers that check every write they made is still there: a thread that
  * stores to every page of a buffer in turn (with malloc and free on the
  * way, as threads of real programs do: UCX's async thread's lost heap
@@ -2003,6 +2071,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(dmap_pruned, "a requester drops its mapping of an MR the target deregistered"),
 	TEST_ENTRY(partial_pages, "partial first and last pages: mapped inside, CMA at the edges"),
 	TEST_ENTRY(reg_leaves_pages, "registration leaves pages in place; ursa_mem_alloc memory is shared"),
+	TEST_ENTRY(rcache_never_stale, "the registration cache follows memory mapped anew; gone memory is refused"),
 	TEST_ENTRY(reg_hammer, "writes by threads and the kernel during reg/rereg/dereg: none lost"),
 	TEST_ENTRY(dereg_during_writes, "no direct WRITE lands after ibv_dereg_mr returns"),
 	TEST_ENTRY(target_checks, "the target's checks hold for other processes"),

@@ -189,6 +189,94 @@ static int test_pin_limit_and_failure(void)
 	return TEST_RESULT();
 }
 
+/* Like mlock and munlock: a page is locked or not, however often. */
+static int lock_calls;
+
+static int mlock_like(uintptr_t s, size_t len)
+{
+	lock_calls++;
+	for (uintptr_t p = s / 4096; p < (s + len) / 4096; p++) {
+		if ((int)p == lock_fail_at)
+			return -ENOMEM;
+		locked[p] = 1;
+	}
+	return 0;
+}
+
+static void munlock_like(uintptr_t s, size_t len)
+{
+	for (uintptr_t p = s / 4096; p < (s + len) / 4096; p++)
+		locked[p] = 0;
+}
+
+static const struct ursa_pin_ops mlock_like_ops = { mlock_like, munlock_like };
+
+/* The registration cache over the fake pin map: a hit hands back the
+ * table and the pin (and locks the pages once more, for whatever is
+ * mapped there now); other ranges miss; a range that cannot be locked
+ * again is stale; bounds evict the oldest; draining unpins everything. */
+static int test_rcache(void)
+{
+	struct ursa_pinmap pm;
+	struct ursa_rcache rc;
+	struct ursa_mtt m;
+	uint64_t newly;
+
+	memset(locked, 0, sizeof(locked));
+	ursa_pinmap_init(&pm, &mlock_like_ops, UINT64_MAX);
+	ursa_rcache_init(&rc, &pm);
+	rc.max_n = 2;
+	rc.max_bytes = PG(16);
+	EXPECT_EQ(ursa_pin(&pm, PG(0), PG(4), &newly), 0);
+	EXPECT_EQ(ursa_mtt_build(&m, PG(0), PG(4), NULL, 0, NULL), 0);
+	ursa_rcache_park(&rc, PG(0), PG(4), &m);
+	EXPECT_TRUE(m.e == NULL);		/* the cache owns it now */
+	EXPECT_EQ(ursa_pinned_bytes(&pm), PG(4));	/* still pinned */
+	EXPECT_EQ(ursa_rcache_take(&rc, PG(0), PG(3), &m), -ENOENT);
+	lock_calls = 0;
+	EXPECT_EQ(ursa_rcache_take(&rc, PG(0), PG(4), &m), 0);
+	EXPECT_EQ(m.n, 4);
+	EXPECT_EQ(lock_calls, 1);		/* locked once more */
+	EXPECT_EQ(locked[3], 1);
+	EXPECT_EQ(rc.hits, 1);
+	EXPECT_EQ(rc.misses, 1);
+	EXPECT_EQ(rc.n, 0);
+	/* stale: the pages cannot be locked again */
+	ursa_rcache_park(&rc, PG(0), PG(4), &m);
+	lock_fail_at = 2;
+	EXPECT_EQ(ursa_rcache_take(&rc, PG(0), PG(4), &m), -ENOENT);
+	lock_fail_at = -1;
+	EXPECT_EQ(rc.stale, 1);
+	EXPECT_EQ(ursa_pinned_bytes(&pm), 0);	/* released */
+	/* three parked, room for two: the oldest goes */
+	for (int i = 0; i < 3; i++) {
+		EXPECT_EQ(ursa_pin(&pm, PG(10 * i), PG(10 * i + 2), &newly), 0);
+		EXPECT_EQ(ursa_mtt_build(&m, PG(10 * i), PG(10 * i + 2), NULL, 0, NULL), 0);
+		ursa_rcache_park(&rc, PG(10 * i), PG(10 * i + 2), &m);
+	}
+	EXPECT_EQ(rc.n, 2);
+	EXPECT_EQ(rc.evictions, 1);
+	EXPECT_EQ(locked[0], 0);
+	EXPECT_EQ(locked[10], 1);
+	/* too large for the cache: released at once */
+	EXPECT_EQ(ursa_pin(&pm, PG(40), PG(60), &newly), 0);
+	EXPECT_EQ(ursa_mtt_build(&m, PG(40), PG(60), NULL, 0, NULL), 0);
+	ursa_rcache_park(&rc, PG(40), PG(60), &m);
+	EXPECT_EQ(locked[40], 0);
+	EXPECT_EQ(ursa_rcache_drain(&rc), PG(4));
+	EXPECT_EQ(ursa_pinned_bytes(&pm), 0);
+	for (int p = 0; p < NPAGES; p++)
+		EXPECT_EQ(locked[p], 0);
+	/* off: nothing is parked */
+	rc.max_n = 0;
+	EXPECT_EQ(ursa_pin(&pm, PG(0), PG(1), &newly), 0);
+	EXPECT_EQ(ursa_mtt_build(&m, PG(0), PG(1), NULL, 0, NULL), 0);
+	ursa_rcache_park(&rc, PG(0), PG(1), &m);
+	EXPECT_EQ(ursa_pinned_bytes(&pm), 0);
+	ursa_pinmap_fini(&pm);
+	return TEST_RESULT();
+}
+
 static int probe_all_huge(uintptr_t va) { (void)va; return 1; }
 static int probe_unknown(uintptr_t va) { (void)va; return -1; }
 
@@ -696,6 +784,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(mutex, "the QP lock: exact under four threads, trylock refuses a held lock"),
 	TEST_ENTRY(pub_table, "published rkeys and QP words, as a requester reads them"),
 	TEST_ENTRY(pub_map_refuses, "a short, unsealed or foreign table is refused"),
+	TEST_ENTRY(rcache, "registration cache: hits, misses, stale ranges, eviction, drain"),
 	TEST_ENTRY(memfd_seals, "shared memfds: only the owner writes, nobody resizes, receivers check"),
 };
 
