@@ -181,7 +181,7 @@ if have gnuplot; then
 	fi
 	awk -F, '$1 == "shm" && $2 == "tag_lat" {print $3, $4}' "$OUT/ucx.csv" >"$OUT/p_lat_ucx_shm.dat"
 	awk -F, '$1 == "tcp" && $2 == "tag_lat" {print $3, $4}' "$OUT/ucx.csv" >"$OUT/p_lat_ucx_tcp.dat"
-	for k in 4k thp odp mlock; do
+	for k in 4k 4k_cached thp thp_cached odp mlock; do
 		awk -F, -v k=$k '$2 == k {print $1, $3}' "$OUT/regcost.csv" >"$OUT/p_reg_$k.dat"
 	done
 	plot() { # FILE TITLE YLABEL then "data|title" pairs
@@ -229,6 +229,7 @@ if have gnuplot; then
 	fi
 	plot registration.svg "Registration + deregistration versus size (lower is better)" "microseconds" \
 		"p_reg_4k.dat|ibv_reg_mr, 4 KiB pages" \
+		"p_reg_4k_cached.dat|ibv_reg_mr again (registration cache)" \
 		"p_reg_thp.dat|ibv_reg_mr, transparent huge pages" \
 		"p_reg_odp.dat|ibv_reg_mr, on demand (no pinning)" \
 		"p_reg_mlock.dat|mlock + munlock (the floor of pinning)"
@@ -280,6 +281,8 @@ S="$OUT/samehost.csv"; H="$OUT/hosts.csv"; U="$OUT/ucx.csv"
 		"$(get "$OUT/regcost.csv" '$1==4096&&$2=="mlock"' 3)" "mlock + munlock"
 	row "registration, 64 MiB" "$(get "$OUT/regcost.csv" '$1==67108864&&$2=="4k"' 3)" µs \
 		"$(get "$OUT/regcost.csv" '$1==67108864&&$2=="mlock"' 3)" "mlock + munlock"
+	row "registration again (cached), 64 MiB" "$(get "$OUT/regcost.csv" '$1==67108864&&$2=="4k_cached"' 3)" µs \
+		"$(get "$OUT/regcost.csv" '$1==67108864&&$2=="4k"' 3)" "first registration"
 	row "64 B WRITE one way, between namespaces" "$(get "$H" '$1=="lat_pair"&&$2=="write"' 4)" µs \
 		"$(get "$H" '$2=="udp_oneway_us"' 4)" "UDP ping-pong"
 	row "1 MiB WRITE, between namespaces (median of 3)" "$(get "$H" '$1=="bw_med"&&$2=="write"' 4)" MB/s \

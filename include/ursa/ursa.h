@@ -82,7 +82,8 @@ struct ursa_rcache_stats {
 };
 
 int ursa_rcache_stats(struct ursa_rcache_stats *st);
-/* Unpin every parked range: returns the bytes released, or -errno. */
+/* Unpin every parked range: returns the bytes the parked ranges held, or
+ * -errno. */
 int64_t ursa_rcache_flush(void);
 
 struct ursa_qp_stats {

@@ -940,10 +940,12 @@ static int test_reg_leaves_pages(void)
 			EXPECT_TRUE(!"contents changed by registration");
 			break;
 		}
+#ifndef __SANITIZE_ADDRESS__	/* (whose mlock does nothing) */
 	/* pinned: the kernel refuses to drop the pages */
 	EXPECT_EQ(madvise(b + pg, pg, MADV_DONTNEED), -1);
 	EXPECT_EQ(errno, EINVAL);
 	EXPECT_EQ(b[pg + 5], (char)((pg + 5) * 7 + 1));
+#endif
 	EXPECT_EQ(ibv_dereg_mr(mr1), 0);
 	EXPECT_TRUE(ursa_rcache_flush() >= 0);
 	EXPECT_EQ(madvise(b + pg, pg, MADV_DONTNEED), 0);
