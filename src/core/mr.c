@@ -96,30 +96,30 @@ static int mr_map(struct ursa_mr *mr, void *addr, size_t length)
 	mr->cached = false;
 	if (mr->odp) {
 		ret = ursa_mtt_build_self(&mr->mtt, ps, pe);
-	} else if (!ursa_rcache_take(&dev->rcache, ps, pe, &mr->mtt)) {
-		/* The parked table holds addresses, which cannot go stale;
-		 * its page sizes can (the range may have been mapped again
-		 * with other pages): read them again where they can be
-		 * anything but 4 KiB. */
-		mr->cached = true;
-		ret = 0;
-		if (!ursa_mtt_small_only(ps, pe)) {
-			ursa_mtt_free(&mr->mtt);
-			ret = ursa_mtt_build_self(&mr->mtt, ps, pe);
-			if (ret)
-				ursa_unpin(&dev->pins, ps, pe);
-		}
+		if (ret)
+			return ret;
 	} else {
-		ret = mr_pin(dev, ps, pe);
-		if (!ret) {
-			ret = ursa_mtt_build_self(&mr->mtt, ps, pe);
+		bool build = true;
+
+		if (!ursa_rcache_take(&dev->rcache, ps, pe, &mr->mtt)) {
+			/* The parked table holds addresses, which cannot go
+			 * stale; its page sizes can (the range may have been
+			 * mapped again with other pages): read them again
+			 * where they can be anything but 4 KiB. */
+			mr->cached = true;
+			build = !ursa_mtt_small_only(ps, pe);
+			if (build)
+				ursa_mtt_free(&mr->mtt);
+		} else {
+			ret = mr_pin(dev, ps, pe);
 			if (ret)
-				ursa_unpin(&dev->pins, ps, pe);
+				return ret;
 		}
-	}
-	if (ret)
-		return ret;
-	if (!mr->odp) {
+		ret = build ? ursa_mtt_build_self(&mr->mtt, ps, pe) : 0;
+		if (ret) {
+			ursa_unpin(&dev->pins, ps, pe);
+			return ret;
+		}
 		mr->pin_start = ps;
 		mr->pin_end = pe;
 	}

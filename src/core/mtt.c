@@ -179,18 +179,13 @@ static bool named_in(uintptr_t start, uintptr_t end)
 	return false;
 }
 
-/*
- * Does [start, end) need more than 4 KiB entries? Reading smaps walks the
- * page tables of every mapping of the process (about 0.4 ms in a small
- * process, a hundred times an mlock of 4 KiB), so only a range that holds
- * a whole aligned 2 MiB block (a transparent huge page) or a named mapping
- * asks; /proc/self/maps, which walks nothing, tells the second.
- */
-static bool need_smaps(uintptr_t start, uintptr_t end)
+/* Does [start, end) hold a whole aligned 2 MiB block, which may be one
+ * transparent huge page? */
+static bool holds_block(uintptr_t start, uintptr_t end)
 {
 	uintptr_t a2 = (start + THP_SIZE - 1) & ~(THP_SIZE - 1);
 
-	return a2 + THP_SIZE <= end || named_in(start, end);
+	return a2 + THP_SIZE <= end;
 }
 
 /* The kernel's ABI (include/uapi/linux/fs.h, Linux 6.7), spelled out for
@@ -271,20 +266,30 @@ static int build_scanned(struct ursa_mtt *m, uintptr_t start, uintptr_t end)
 
 bool ursa_mtt_small_only(uintptr_t start, uintptr_t end)
 {
-	return !need_smaps(start, end);
+	return !holds_block(start, end) && !named_in(start, end);
 }
 
 int ursa_mtt_build_self(struct ursa_mtt *m, uintptr_t start, uintptr_t end)
 {
+	bool named;
 	struct ursa_vma *vmas = NULL, *cur = NULL;
 	size_t n = 0, cap = 0;
 	char line[512];
 	FILE *f;
 	int ret;
 
-	if (!need_smaps(start, end))	/* 4 KiB pages throughout */
+	/*
+	 * Only a range that may hold pages larger than 4 KiB (a whole 2 MiB
+	 * block, or a named mapping, which /proc/self/maps tells without
+	 * walking anything) asks more: PAGEMAP_SCAN for anonymous memory, or
+	 * else smaps, which walks the page tables of every mapping of the
+	 * process (about 0.4 ms in a small process, a hundred times an mlock
+	 * of 4 KiB).
+	 */
+	named = named_in(start, end);
+	if (!named && !holds_block(start, end))	/* 4 KiB pages throughout */
 		return ursa_mtt_build(m, start, end, NULL, 0, NULL);
-	if (!named_in(start, end)) {
+	if (!named) {
 		ret = build_scanned(m, start, end);
 		if (ret >= 0)
 			return ret;

@@ -15,32 +15,19 @@
 #define RC_DEFAULT_ENTRIES 256
 #define RC_DEFAULT_MB 256
 
-static uint64_t env_u64(const char *name, uint64_t dflt)
-{
-	const char *s = getenv(name);
-	char *end;
-	unsigned long long v;
-
-	if (!s || !*s)
-		return dflt;
-	v = strtoull(s, &end, 10);
-	return *end ? dflt : v;
-}
-
 void ursa_rcache_init(struct ursa_rcache *rc, struct ursa_pinmap *pins)
 {
-	uint64_t mb = env_u64("URSA_RCACHE_MB", RC_DEFAULT_MB);
-
 	memset(rc, 0, sizeof(*rc));
 	pthread_mutex_init(&rc->mu, NULL);
 	rc->pins = pins;
-	rc->max_n = (uint32_t)MIN(env_u64("URSA_RCACHE_ENTRIES",
-					  RC_DEFAULT_ENTRIES), 1u << 20);
-	rc->max_bytes = mb > (UINT64_MAX >> 21) ? UINT64_MAX >> 1 : mb << 20;
+	rc->max_n = (uint32_t)ursa_env_long("URSA_RCACHE_ENTRIES",
+					    RC_DEFAULT_ENTRIES, 0, 1 << 20);
+	rc->max_bytes = (uint64_t)ursa_env_long("URSA_RCACHE_MB", RC_DEFAULT_MB,
+						0, 1 << 30) << 20;
 	/* Parked pins must leave room under the limit for live MRs. */
 	if (pins->limit != UINT64_MAX)
 		rc->max_bytes = MIN(rc->max_bytes, pins->limit / 2);
-	if (!env_u64("URSA_RCACHE", 1))
+	if (!ursa_env_long("URSA_RCACHE", 1, 0, 1))
 		rc->max_n = 0;
 }
 
@@ -69,6 +56,7 @@ int ursa_rcache_take(struct ursa_rcache *rc, uintptr_t start, uintptr_t end,
 		     struct ursa_mtt *mtt)
 {
 	struct ursa_rcache_ent *e;
+	int ret;
 
 	pthread_mutex_lock(&rc->mu);
 	for (e = rc->head; e; e = e->next)
@@ -76,13 +64,11 @@ int ursa_rcache_take(struct ursa_rcache *rc, uintptr_t start, uintptr_t end,
 			break;
 	if (e)
 		unlink_ent(rc, e);
-	pthread_mutex_unlock(&rc->mu);
-	if (!e) {
-		pthread_mutex_lock(&rc->mu);
+	else
 		rc->misses++;
-		pthread_mutex_unlock(&rc->mu);
+	pthread_mutex_unlock(&rc->mu);
+	if (!e)
 		return -ENOENT;
-	}
 	/*
 	 * The range may have been unmapped and mapped again since it was
 	 * parked (free and malloc, munmap and mmap, brk): mlock again so that
@@ -91,19 +77,22 @@ int ursa_rcache_take(struct ursa_rcache *rc, uintptr_t start, uintptr_t end,
 	 * more, the entry is dead: release it (munlock of the gone pages is
 	 * harmless) and let the caller register afresh.
 	 */
-	if (ursa_pin_refresh(rc->pins, start, end)) {
+	ret = ursa_pin_refresh(rc->pins, start, end);
+	if (ret)
 		release(rc, e);
-		pthread_mutex_lock(&rc->mu);
+	else
+		*mtt = e->mtt;
+	pthread_mutex_lock(&rc->mu);
+	if (ret) {
 		rc->stale++;
 		rc->misses++;
-		pthread_mutex_unlock(&rc->mu);
-		return -ENOENT;
+	} else {
+		rc->hits++;
 	}
-	*mtt = e->mtt;
-	free(e);
-	pthread_mutex_lock(&rc->mu);
-	rc->hits++;
 	pthread_mutex_unlock(&rc->mu);
+	if (ret)
+		return -ENOENT;
+	free(e);
 	return 0;
 }
 

@@ -6,7 +6,6 @@
 #include "shmap.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "vma.h"
+#include "../util/util.h"
 
 #define SHMAP_PAGE 4096ul
 
@@ -34,7 +34,7 @@ int ursa_shmap_alloc(size_t len, void **out)
 	struct alloc *a;
 	struct stat st;
 	void *p;
-	int fd, ret;
+	int fd;
 
 	if (!len || len > SIZE_MAX - SHMAP_PAGE)
 		return -EINVAL;
@@ -42,23 +42,18 @@ int ursa_shmap_alloc(size_t len, void **out)
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return -ENOMEM;
-	fd = memfd_create("ursa-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0) {
-		ret = -errno;
-		goto err_free;
-	}
 	/* Sealed against resizing: a requester that mapped it can never
 	 * take SIGBUS from a truncation (transport/shm.c checks). */
-	if (ftruncate(fd, (off_t)len) ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ||
-	    fstat(fd, &st)) {
-		ret = -errno;
-		goto err_close;
-	}
-	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED) {
-		ret = -errno;
-		goto err_close;
+	fd = ursa_memfd_shared("ursa-mem", len, false, &p);
+	if (fd < 0 || fstat(fd, &st)) {
+		int ret = fd < 0 ? fd : -errno;
+
+		if (fd >= 0) {
+			munmap(p, len);
+			close(fd);
+		}
+		free(a);
+		return ret;
 	}
 	a->start = (uintptr_t)p;
 	a->len = len;
@@ -70,11 +65,6 @@ int ursa_shmap_alloc(size_t len, void **out)
 	pthread_mutex_unlock(&shmap_lock);
 	*out = p;
 	return 0;
-err_close:
-	close(fd);
-err_free:
-	free(a);
-	return ret;
 }
 
 int ursa_shmap_free(void *p)
