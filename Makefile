@@ -48,7 +48,10 @@ PROVIDERS := mlx5 mlx4 efa mana
 STUBS := $(PROVIDERS:%=$(BUILD)/lib/lib%.so.1)
 .SECONDARY: $(PROVIDERS:%=$(BUILD)/gen/lib%.c) $(PROVIDERS:%=$(BUILD)/gen/lib%.map)
 PRELOAD := $(BUILD)/lib/libursa-preload.so
-all: $(LIB) $(BUILD)/lib/libibverbs.so $(BUILD)/bin/ursa $(BUILD)/bin/ursa-kv $(STUBS) \
+RDMACM := $(BUILD)/lib/librdmacm.so.1
+RDMACM_SRC := $(wildcard src/rdmacm/*.c)
+RDMACM_OBJ := $(RDMACM_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/proto/cm.o
+all: $(LIB) $(BUILD)/lib/libibverbs.so $(RDMACM) $(BUILD)/bin/ursa $(BUILD)/bin/ursa-kv $(STUBS) \
 	$(PRELOAD)
 
 # The library that shows the device's sysfs tree and node to programs
@@ -78,6 +81,14 @@ $(LIB): $(LIB_OBJ) $(MAP)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,libibverbs.so.1 -Wl,--version-script=$(MAP) \
 		-Wl,-z,now -Wl,-z,defs $(LDFLAGS) -o $@ $(LIB_OBJ)
+
+# librdmacm.so.1 (src/rdmacm): rdma_cm on ursa's libibverbs, the IB CM
+# protocol on QP1 (docs/design.md, "Connection management").
+$(RDMACM): $(RDMACM_OBJ) src/rdmacm/librdmacm.map $(BUILD)/lib/libibverbs.so
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,librdmacm.so.1 \
+		-Wl,--version-script=src/rdmacm/librdmacm.map -Wl,-z,now \
+		-Wl,-z,defs $(LDFLAGS) -o $@ $(RDMACM_OBJ) -L$(BUILD)/lib -libverbs
 
 $(BUILD)/lib/libibverbs.so: $(LIB)
 	ln -sf libibverbs.so.1 $@

@@ -162,6 +162,10 @@ struct ursa_udp_stats {
 	/* answers (ACK, NAK, RNR NAK, READ responses) for PSNs not in
 	 * flight, and duplicate READs matching no READ executed lately */
 	uint64_t drop_stale;
+	/* CM MADs on QP1: received and handed to the process that owns
+	 * their destination, sent, answered for a destination nobody owns
+	 * (REJ, SIDR_REP, DREP), dropped (malformed, undeliverable) */
+	uint64_t cm_rx, cm_tx, cm_orphan, cm_drop;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);
@@ -171,6 +175,15 @@ int ursa_udp_stats(struct ursa_udp_stats *st);
  * (probabilities in percent; corrupt flips a bit the ICRC must catch;
  * delay holds a packet back delay_us). NULL or "" turns faults off. */
 int ursa_fault_set(const char *spec);
+
+/* Send one CM MAD (256 bytes) from QP1 to the QP1 of the host owning dgid,
+ * from the address sgid, with IP traffic class tclass: what ursa's
+ * librdmacm uses to speak the IB CM protocol on RoCEv2. Received CM MADs
+ * go to the abstract socket of their destination (docs/design.md,
+ * "Connection management"). 0, or a negative errno (-ENETDOWN: no
+ * context is open, so this process has no RoCEv2 port). */
+int ursa_cm_send(const union ibv_gid *sgid, const union ibv_gid *dgid,
+		 uint8_t tclass, const void *mad);
 
 /* Set port 1 to IBV_PORT_ACTIVE or IBV_PORT_DOWN; every open context gets
  * IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR. For testing applications. */

@@ -424,6 +424,16 @@ static void capture(const addr_t *src, const addr_t *dst, uint16_t sport,
 	pthread_mutex_unlock(&U.lock);
 }
 
+void ursa_udp_seal(uint8_t *ib, size_t len, const addr_t *src,
+		   const addr_t *dst, uint16_t sport)
+{
+	uint8_t ip[40], udp[8];
+	size_t hl = ip_udp(ip, udp, src, dst, sport, U.port, len, 64);
+
+	roce_icrc_put(ib + len - 4, roce_icrc(ip, hl, udp, ib, len - 4));
+	capture(src, dst, sport, U.port, ib, len);
+}
+
 /* --- forwarding between the processes of one host ------------------------
  *
  * The reuseport group hashes each flow to one process's socket, which need
@@ -3316,6 +3326,10 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	if (run_qp && *run_qp && (*run_qp)->ex.qp_base.qp_num == p.dqpn) {
 		qp = *run_qp;
 	} else {
+		if (p.dqpn == 1) {	/* QP1: the CM's MADs */
+			ursa_gsi_rx(&p, src, sport, dst);
+			return;
+		}
 		qp = ursa_loop_get(dst, p.dqpn);
 		if (!qp) {
 			/* another process's QP? (never forward twice) */

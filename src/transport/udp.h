@@ -87,6 +87,15 @@ uint32_t ursa_udp_epsn(struct ursa_qp *qp);
  * not yet answered (what a response the fuzzer aims at it should carry). */
 uint32_t ursa_udp_unanswered_psn(struct ursa_qp *qp);
 uint16_t ursa_udp_port(void);
+/* For gsi.c: write the ICRC of a packet sent from sport to dst's RoCEv2
+ * port, and capture it. */
+void ursa_udp_seal(uint8_t *ib, size_t len, const union ibv_gid *src,
+		   const union ibv_gid *dst, uint16_t sport);
+
+/* QP1 (transport/gsi.c): a received packet for QP 1 */
+struct roce_pkt;
+void ursa_gsi_rx(const struct roce_pkt *p, const union ibv_gid *src,
+		 uint16_t sport, const union ibv_gid *dst);
 
 struct ursa_udp_counters {
 	atomic_uint_fast64_t tx_pkts, rx_pkts, tx_bytes, rx_bytes;
@@ -108,6 +117,10 @@ struct ursa_udp_counters {
 	atomic_uint_fast64_t tx_gso, rx_gro, rx_ipid;
 	atomic_uint_fast64_t acks_held, acks_alone, reqs_held;
 	atomic_uint_fast64_t tx_nomem;	/* packets not sent: no send batch */
+	/* CM MADs (QP1, transport/gsi.c): received and handed to their
+	 * owner, sent, answered because nobody owns their destination,
+	 * dropped (malformed, or the owner's socket was full) */
+	atomic_uint_fast64_t cm_rx, cm_tx, cm_orphan, cm_drop;
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

@@ -207,6 +207,7 @@ EXPORT int ursa_udp_stats(struct ursa_udp_stats *st)
 	C(forwarded); C(fault_delay); C(drop_fwd); C(tx_gso); C(rx_gro);
 	C(rx_ipid); C(acks_held); C(acks_alone); C(reqs_held);
 	C(drop_fwd_name); C(drop_unknown); C(drop_stale);
+	C(cm_rx); C(cm_tx); C(cm_orphan); C(cm_drop);
 #undef C
 	return 0;
 }
