@@ -48,6 +48,25 @@ static pthread_t thr;
 
 /* URSA_CM_TIMEOUT_MS / URSA_CM_RETRIES, read once (cm_start) */
 static unsigned cfg_timeout_ms, cfg_retries = CM_MAX_RETRIES;
+static bool cfg_trace;		/* URSA_CM_TRACE: every MAD on stderr */
+
+static const char *attr_name(uint16_t a)
+{
+	static const char *const n[] = { "REQ", "MRA", "REJ", "REP", "RTU",
+					 "DREQ", "DREP", "SIDR_REQ",
+					 "SIDR_REP" };
+
+	return a >= CM_REQ && a <= CM_SIDR_REP ? n[a - CM_REQ] : "?";
+}
+
+static void trace(const char *dir, const struct cm_msg *m)
+{
+	if (cfg_trace)
+		fprintf(stderr, "ursa cm: pid %d %s %s local 0x%08x remote 0x%08x"
+			" qpn 0x%06x reason %u status %u\n", (int)getpid(), dir,
+			attr_name(m->attr), m->local_id, m->remote_id, m->qpn,
+			m->reason, m->status);
+}
 
 static uint64_t now_ns(void)
 {
@@ -167,6 +186,7 @@ static int send_msg(struct cma_id *id, const struct cm_msg *m, bool keep,
 
 	if (r)
 		return r;
+	trace("send", m);
 	if (keep) {
 		memcpy(id->out, mad, sizeof(mad));
 		id->out_ms = cfg_timeout_ms ? cfg_timeout_ms : ms;
@@ -574,9 +594,28 @@ static void on_rep(struct cma_id *id, const struct cm_msg *m)
 	conn_event(id, RDMA_CM_EVENT_ESTABLISHED, m, CM_REP_PRIV);
 }
 
+/*
+ * A REQ refused for an unknown service ID soon after it left is sent
+ * again, SID_RETRIES times SID_RETRY_MS apart, before REJECTED: a listener
+ * being replaced (perftest -R closes the listener of its first connection
+ * and opens the next on the same port while the client is already
+ * connecting) must not lose a race that the kernel's slower path hides.
+ */
+#define SID_RETRIES 10
+#define SID_RETRY_MS 20
+
 static void on_rej(struct cma_id *id, const struct cm_msg *m)
 {
 	struct cma_event *e;
+
+	if (id->state == CS_REQ_SENT && m->reason == CM_REJ_INVALID_SID &&
+	    id->sid_retries < SID_RETRIES) {
+		id->sid_retries++;
+		id->out_due = now_ns() + SID_RETRY_MS * 1000000ull;
+		id->out_left++;		/* (this one is not a timeout's) */
+		cm_wake();
+		return;
+	}
 
 	if (id->state != CS_REQ_SENT && id->state != CS_REP_SENT &&
 	    id->state != CS_REP_RCVD && id->state != CS_ESTABLISHED)
@@ -698,6 +737,7 @@ static void on_fd(int fd)
 		for (id = cma_ids; id; id = id->next)
 			if (id->sfd == fd || id->cfd == fd)
 				break;
+		trace("recv", &m);
 		if (!id || id->destroying)
 			continue;
 		if (id->sfd == fd) {
@@ -797,6 +837,7 @@ int cm_start(void)
 		return 0;
 	if ((s = getenv("URSA_CM_TIMEOUT_MS")))
 		cfg_timeout_ms = (unsigned)strtoul(s, NULL, 0);
+	cfg_trace = getenv("URSA_CM_TRACE") != NULL;
 	if ((s = getenv("URSA_CM_RETRIES")))
 		cfg_retries = (unsigned)strtoul(s, NULL, 0);
 	ep_fd = epoll_create1(EPOLL_CLOEXEC);

@@ -79,6 +79,7 @@ struct cma_id {
 	int out_left;			/* sends left, 0: nothing owed */
 	uint64_t out_due;		/* ns */
 	unsigned out_ms;
+	int sid_retries;		/* REJ "invalid service ID" taken again */
 
 	/* rdma_create_ep (passive): the QP each request gets */
 	struct ibv_qp_init_attr *ep_qp_attr;
