@@ -787,8 +787,51 @@ static uint64_t timers(void)
 	return next;
 }
 
+/*
+ * A peer process of this host that died cannot send its DREQ (its
+ * kernel would have): its comm ID's socket is gone with it. So every
+ * PROBE_MS each connection to a peer on this host knocks on that name;
+ * ECONNREFUSED ends the connection as a DREQ would, with DISCONNECTED.
+ * (A peer on another host that dies is noticed by the data path: its
+ * QP's retries run out. The IB CM has no keep-alive.)
+ */
+#define PROBE_MS 1000
+
+static void probe_peers(void)
+{
+	static int fd = -1;
+
+	if (fd < 0)
+		fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	for (struct cma_id *id = cma_ids; id && fd >= 0; id = id->next) {
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		char name[64];
+		int n;
+
+		if (id->destroying || id->state != CS_ESTABLISHED ||
+		    id->id.qp_type == IBV_QPT_UD || !id->rcid ||
+		    addr_local_gid_index(&id->id.route.addr.addr.ibaddr.dgid) < 0)
+			continue;
+		n = cm_route_name(name, sizeof(name), id->rcid, false);
+		if (n < 0)
+			continue;
+		memcpy(sa.sun_path + 1, name, (size_t)n);
+		/* (a one-byte datagram: the owner's reader drops it) */
+		if (sendto(fd, "", 1, MSG_DONTWAIT, (struct sockaddr *)&sa,
+			   (socklen_t)(offsetof(struct sockaddr_un, sun_path) +
+				       1 + (size_t)n)) < 0 &&
+		    errno == ECONNREFUSED) {
+			id->state = CS_DISCONNECTED;
+			cma_qp_to_error(id);
+			cma_queue(id, RDMA_CM_EVENT_DISCONNECTED, 0, NULL, NULL);
+		}
+	}
+}
+
 static void *cm_thread(void *arg)
 {
+	uint64_t probe_at = 0;
+
 	(void)arg;
 	for (;;) {
 		struct epoll_event ev[16];
@@ -797,6 +840,13 @@ static void *cm_thread(void *arg)
 
 		pthread_mutex_lock(&cma_lock);
 		next = timers();
+		now = now_ns();
+		if (now >= probe_at) {
+			probe_peers();
+			probe_at = now + PROBE_MS * 1000000ull;
+		}
+		if (probe_at < next)
+			next = probe_at;
 		pthread_mutex_unlock(&cma_lock);
 		now = now_ns();
 		to = next == UINT64_MAX ? -1 :

@@ -1,0 +1,135 @@
+#!/bin/sh
+# rdmacm.sh - Debian 12's unmodified rdma_cm programs (rdmacm-utils,
+# perftest -R) on ursa's librdmacm.so.1, as server/client process pairs
+# started through `ursa run`, on one host and between two hosts made of
+# network namespaces; and the bad flows: a connect to a port nobody
+# listens on, a listener killed during the handshake. Prints "N passed,
+# N failed, N skipped".
+BUILD=${BUILD:-build}
+LIB="$(cd "$BUILD/lib" && pwd)"
+URSA="$(cd "$BUILD/bin" && pwd)/ursa"
+pass=0; fail=0; skip=0
+tmp=$(mktemp -d)
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+skp() { echo "skip $1: $2"; skip=$((skip + 1)); }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+asan=$(ldd "$LIB/libibverbs.so.1" 2>/dev/null | awk '/libasan/ {print $3}')
+if [ -n "$asan" ]; then
+	RUN="env LD_LIBRARY_PATH=$LIB LD_PRELOAD=$asan:$LIB/libursa-preload.so ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0"
+else
+	RUN="$URSA run --"
+fi
+
+# pair NAME SERVER-PREFIX CLIENT-PREFIX "SERVER ARGS" "CLIENT ARGS" [CHECK]
+# Runs the server, waits for it to listen, runs the client; both must end
+# with status 0 (and CHECK, a grep pattern, must be in the client's output).
+pair() {
+	name=$1; sp=$2; cp=$3; sargs=$4; cargs=$5; check=$6
+	$sp timeout 60 $RUN $sargs >"$tmp/s" 2>&1 &
+	spid=$!
+	sleep 1
+	$cp timeout 50 $RUN $cargs >"$tmp/c" 2>&1; crc=$?
+	wait $spid; src=$?
+	if [ $crc -eq 0 ] && [ $src -eq 0 ] &&
+	   { [ -z "$check" ] || grep -q -- "$check" "$tmp/c"; }; then
+		ok "$name"
+	else
+		bad "$name" "server $src, client $crc: $(tail -3 "$tmp/s" | tr '\n' '|') / $(tail -3 "$tmp/c" | tr '\n' '|')"
+	fi
+}
+
+# The library loads where the real one would: every symbol the Debian
+# binaries import, with its version (BIND_NOW).
+if have rping; then
+	if $RUN rping -h 2>&1 | grep -q 'rping -s'; then ok "rping loads ursa's librdmacm.so.1"
+	else bad "rping loads ursa's librdmacm.so.1" "$($RUN rping -h 2>&1 | head -2)"; fi
+	if LD_LIBRARY_PATH=$LIB ldd "$(command -v rping)" | grep -q "$LIB/librdmacm.so.1"; then
+		ok "ursa run resolves librdmacm.so.1 to ursa's"
+	else bad "ursa run resolves librdmacm.so.1 to ursa's" "$(LD_LIBRARY_PATH=$LIB ldd "$(command -v rping)" | grep rdmacm)"; fi
+fi
+
+# cases HOSTNAME SP CP: the programs between a server run with SP and a
+# client run with CP that reaches it at HOSTNAME
+cases() {
+	where=$1; sp=$2; cp=$3; addr=$4
+	if have rping; then
+		pair "rping -C 100 -V ($where)" "$sp" "$cp" "rping -s -a 0.0.0.0 -C 100 -V" \
+			"rping -c -a $addr -C 100 -V"
+		pair "rping -C 20 -v -S 4096 ($where)" "$sp" "$cp" "rping -s -a 0.0.0.0 -C 20 -S 4096" \
+			"rping -c -a $addr -C 20 -v -S 4096" "rdma-ping-19: "
+		pair "ucmatose, 4 connections ($where)" "$sp" "$cp" "ucmatose -c 4" \
+			"ucmatose -s $addr -c 4" "test complete"
+		pair "udaddy (UD, SIDR) ($where)" "$sp" "$cp" "udaddy" "udaddy -s $addr" \
+			"test complete"
+		pair "rdma_server / rdma_client ($where)" "$sp" "$cp" "rdma_server" \
+			"rdma_client -s $addr" "rdma_client: end 0"
+	else
+		skp "rdmacm-utils ($where)" "rping not installed (scripts/deps.sh test)"
+	fi
+	if have ib_write_bw; then
+		for t in ib_write_lat ib_read_lat ib_send_lat ib_write_bw ib_read_bw ib_send_bw; do
+			pair "$t -R ($where)" "$sp" "$cp" "$t -R -F -n 200" "$t -R -F -n 200 $addr" "#bytes"
+		done
+	fi
+}
+
+cases "one host" "" "" 127.0.0.1
+if have ib_atomic_lat; then
+	pair "ib_atomic_lat -R (one host)" "" "" "ib_atomic_lat -R -F -n 200" \
+		"ib_atomic_lat -R -F -n 200 127.0.0.1" "#bytes"
+fi
+
+# ------------------------------------------------------------- bad flows
+if have rping; then
+	# nobody listens: REJ "invalid service ID" (8), as from the kernel
+	out=$(timeout 20 $RUN rping -c -a 127.0.0.1 -p 7999 -C 1 2>&1); rc=$?
+	if [ $rc -ne 0 ] && echo "$out" | grep -q 'RDMA_CM_EVENT_REJECTED.*error 8'; then
+		ok "connect to a closed port: REJECTED, status 8"
+	else bad "connect to a closed port: REJECTED, status 8" "rc $rc: $(echo "$out" | tr '\n' '|')"; fi
+	# the server process dies (SIGKILL) while connected: the client gets
+	# DISCONNECTED within a second (ursa probes same-host peers), no hang
+	timeout 30 $RUN rping -s -a 127.0.0.1 -p 7998 -C 1000 >"$tmp/s" 2>&1 &
+	sleep 1
+	timeout 30 $RUN rping -c -a 127.0.0.1 -p 7998 -C 1000000 >"$tmp/c" 2>&1 &
+	cpid=$!
+	sleep 1
+	pkill -9 -f 'rping -s -a 127.0.0.1 -p 7998'
+	wait $cpid; rc=$?
+	if [ $rc -ne 124 ] && grep -q 'DISCONNECT EVENT' "$tmp/c"; then
+		ok "server killed while connected: the client gets DISCONNECTED"
+	else bad "server killed while connected: the client gets DISCONNECTED" "rc $rc: $(tail -3 "$tmp/c" | tr '\n' '|')"; fi
+fi
+
+# ------------------------------------------------------------ two hosts
+if [ "$(id -u)" != 0 ] || ! have ip || ! ip netns add ursa_probe_$$ 2>/dev/null; then
+	skp "between hosts" "needs root and network namespaces"
+else
+	ip netns del ursa_probe_$$
+	. "$(dirname "$0")/netns.inc"
+	trap 'netns_down; rm -rf "$tmp"' EXIT
+	if netns_up; then
+		cases "two hosts" "ip netns exec $H2" "ip netns exec $H1" $IP2
+		# the CM's MADs on the wire decode as CM in tshark
+		if have tshark && have rping; then
+			ip netns exec $H2 timeout 30 $RUN rping -s -a 0.0.0.0 -C 2 >/dev/null 2>&1 &
+			spid=$!
+			sleep 1
+			ip netns exec $H1 env URSA_PCAP="$tmp/cm.pcap" timeout 20 $RUN \
+				rping -c -a $IP2 -C 2 >/dev/null 2>&1
+			wait $spid
+			msgs=$(tshark -r "$tmp/cm.pcap" -d udp.port==4791,infiniband \
+				--disable-protocol rpcordma -T fields -e infiniband.mad.attributeid 2>/dev/null | sort -u | grep . | tr '\n' ' ')
+			case "$msgs" in
+			*0x0010*0x0013*0x0014*0x0015*0x0016*) ok "tshark decodes REQ REP RTU DREQ DREP ($msgs)";;
+			*) bad "tshark decodes the CM MADs" "attributes seen: '$msgs'";;
+			esac
+		fi
+	else
+		bad "between hosts" "could not build the namespaces"
+	fi
+fi
+rm -rf "$tmp"
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
