@@ -161,6 +161,12 @@ $(BUILD)/tests/func_%: tests/func/%.c $(HARNESS) tests/harness.h \
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< $(HARNESS) -o $@ $(APP_LDFLAGS) -libverbs
 
+# (the CM test links ursa's librdmacm too)
+$(BUILD)/tests/func_cm: tests/func/cm.c $(HARNESS) tests/harness.h $(LIB) $(RDMACM) \
+		$(BUILD)/lib/libibverbs.so
+	@mkdir -p $(dir $@)
+	$(CC) $(APP_CFLAGS) $< $(HARNESS) -o $@ $(APP_LDFLAGS) -l:librdmacm.so.1 -libverbs
+
 $(BUILD)/bench/%: bench/%.c $(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) -Wno-unused-result $< -o $@ $(APP_LDFLAGS) -libverbs
