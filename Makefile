@@ -149,6 +149,7 @@ $(BUILD)/tests/xfer: tests/hosts/xfer.c $(LIB) $(BUILD)/lib/libibverbs.so
 
 # Unit tests link the pure modules directly.
 UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c src/core/vma.c src/proto/roce.c \
+	src/proto/cm.c \
 	src/core/pub.c src/core/rcache.c \
 	src/core/qpstate.c src/util/util.c apps/kv/kv_table.c apps/kv/kv_common.c
 $(BUILD)/tests/unit_%: tests/unit/%.c $(HARNESS) tests/harness.h $(UNIT_DEPS) \
@@ -191,7 +192,7 @@ demo: all
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PREFIX)/bin \
 		$(DESTDIR)$(PREFIX)/include/ursa
-	install -m 755 $(LIB) $(STUBS) $(PRELOAD) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIB) $(RDMACM) $(STUBS) $(PRELOAD) $(DESTDIR)$(LIBDIR)/
 	ln -sf libibverbs.so.1 $(DESTDIR)$(LIBDIR)/libibverbs.so
 	install -m 644 include/ursa/ursa.h $(DESTDIR)$(PREFIX)/include/ursa/
 	install -m 755 $(BUILD)/bin/ursa $(DESTDIR)$(PREFIX)/bin/ursa

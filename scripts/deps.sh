@@ -7,9 +7,9 @@
 # optional there (a missing one is noted in the report), so failing to
 # install them only warns.
 set -e
-need="gcc make libc6-dev libibverbs-dev"
+need="gcc make libc6-dev libibverbs-dev librdmacm-dev"
 if [ "$1" = test ] || [ "$1" = bench ]; then
-	need="$need ibverbs-utils perftest binutils iproute2 procps iptables tshark"
+	need="$need ibverbs-utils perftest rdmacm-utils binutils iproute2 procps iptables tshark"
 	# the frameworks that tests/scripts/frameworks.sh runs on ursa
 	need="$need ucx-utils libucx0 openmpi-bin libopenmpi-dev mpich libmpich-dev"
 	need="$need libfabric-bin python3-pyverbs"
