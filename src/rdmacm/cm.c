@@ -336,8 +336,7 @@ int cm_send_sidr_req(struct cma_id *id, const struct rdma_conn_param *p)
 	struct cm_msg m = { .attr = CM_SIDR_REQ, .pkey = 0xffff };
 	uint16_t dport = (uint16_t)addr_port_of(&id->id.route.addr.dst_addr);
 
-	if (p && p->private_data_len > CM_SIDR_REQ_PRIV - CMA_HDR_LEN - 0 &&
-	    p->private_data_len > 180)
+	if (p && p->private_data_len > CM_SIDR_REQ_PRIV - CMA_HDR_LEN)
 		return -EINVAL;
 	m.local_id = id->lcid;
 	m.tid = (uint64_t)rand32() << 32 | id->lcid;
@@ -477,11 +476,14 @@ static void on_req(struct cma_id *l, const struct cm_fwd *f,
 	if (l->pending >= l->backlog)
 		return;		/* as the kernel: silence, the REQ comes again */
 	c = child_of(l, f, m, &h);
-	if (!c || cm_new_comm_id(c)) {
-		if (c)
-			c->destroying = true;	/* reaped with the listener's */
-		return;
+	if (c && cm_new_comm_id(c)) {
+		cma_ids = c->next;	/* (child_of put it first) */
+		free(c->id.route.path_rec);
+		free(c);
+		return;		/* no event: the REQ comes again */
 	}
+	if (!c)
+		return;
 	c->state = CS_REQ_RCVD;
 	c->rqpn = m->qpn;
 	c->rpsn = m->psn;

@@ -286,8 +286,19 @@ static void drop_events(struct cma_id *id)
 		struct cma_event *e = *p;
 
 		if (e->owner == id || e->ev.listen_id == &id->id) {
+			struct cma_id *child = e->owner;
+
 			*p = e->next;
 			free(e);
+			/* a request the app never saw goes with its listener,
+			 * refused as the kernel refuses it */
+			if (child != id) {
+				cm_send_rej(child, NULL, 0, CM_REJ_CONSUMER);
+				cm_close(child);
+				unlink_id(child);
+				free(child->id.route.path_rec);
+				free(child);
+			}
 			continue;
 		}
 		last = e;
@@ -907,7 +918,30 @@ CMA_EXPORT int rdma_migrate_id(struct rdma_cm_id *cid,
 	while (id->reported != id->acked)
 		pthread_cond_wait(&cma_cond, &cma_lock);
 	old = id->chan;
-	drop_events(id);	/* (none reported and unacked: see above) */
+	/* events not yet read follow the id (the old channel's count stays
+	 * one higher: its reader finds nothing and reads again) */
+	for (struct cma_event **p = &old->head, *last = NULL; *p;) {
+		struct cma_event *e = *p;
+		uint64_t one = 1;
+
+		if (e->owner != id) {
+			last = e;
+			p = &e->next;
+			old->tail = last;
+			continue;
+		}
+		*p = e->next;
+		if (!*p)
+			old->tail = last;
+		e->next = NULL;
+		if (nc->tail)
+			nc->tail->next = e;
+		else
+			nc->head = e;
+		nc->tail = e;
+		if (write(nc->ch.fd, &one, sizeof(one)) < 0)
+			break;
+	}
 	id->chan = nc;
 	id->id.channel = &nc->ch;
 	id->sync = !ch;
