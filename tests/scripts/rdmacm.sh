@@ -122,7 +122,8 @@ else
 			msgs=$(tshark -r "$tmp/cm.pcap" -d udp.port==4791,infiniband \
 				--disable-protocol rpcordma -T fields -e infiniband.mad.attributeid 2>/dev/null | sort -u | grep . | tr '\n' ' ')
 			case "$msgs" in
-			*0x0010*0x0013*0x0014*0x0015*0x0016*) ok "tshark decodes REQ REP RTU DREQ DREP ($msgs)";;
+			# (the client may exit before the DREP comes back)
+			*0x0010*0x0013*0x0014*0x0015*) ok "tshark decodes REQ REP RTU DREQ ($msgs)";;
 			*) bad "tshark decodes the CM MADs" "attributes seen: '$msgs'";;
 			esac
 		fi
