@@ -364,29 +364,30 @@ int cma_hdr_get(const uint8_t p[CMA_HDR_LEN], struct cma_hdr *h)
 	return 0;
 }
 
-int cm_route(const uint8_t *mad, size_t len, uint64_t *key, bool *by_sid)
+void cm_route(const struct cm_msg *m, uint64_t *key, bool *by_sid)
 {
-	struct cm_msg m;
-
-	if (cm_parse(mad, len, &m))
-		return -EBADMSG;
-	*by_sid = m.attr == CM_REQ || m.attr == CM_SIDR_REQ;
+	*by_sid = m->attr == CM_REQ || m->attr == CM_SIDR_REQ;
 	if (*by_sid)
-		*key = m.sid;
-	else if (m.attr == CM_SIDR_REP)
-		*key = m.local_id;	/* RequestID: the requester's ID */
+		*key = m->sid;
+	else if (m->attr == CM_SIDR_REP)
+		*key = m->local_id;	/* RequestID: the requester's ID */
 	else
-		*key = m.remote_id;
-	return 0;
+		*key = m->remote_id;
 }
 
-int cm_route_name(char *buf, size_t cap, uint64_t key, bool by_sid)
+socklen_t cm_route_addr(struct sockaddr_un *sa, uint64_t key, bool by_sid)
 {
-	int n = by_sid ? snprintf(buf, cap, "ursa/cm/s/%016llx",
+	char *p = sa->sun_path + 1;	/* abstract: a leading NUL */
+	size_t cap = sizeof(sa->sun_path) - 1;
+	int n = by_sid ? snprintf(p, cap, "ursa/cm/s/%016llx",
 				  (unsigned long long)key)
-		       : snprintf(buf, cap, "ursa/cm/c/%08x", (unsigned)key);
+		       : snprintf(p, cap, "ursa/cm/c/%08x", (unsigned)key);
 
-	return n < 0 || (size_t)n >= cap ? -ENOSPC : n;
+	sa->sun_family = AF_UNIX;
+	sa->sun_path[0] = 0;
+	/* (n < cap always: the names are at most 26 bytes) */
+	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+			   (size_t)n);
 }
 
 bool cm_orphan_reply(const struct cm_msg *in, struct cm_msg *out)

@@ -23,6 +23,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #define CM_MAD_LEN 256
 #define CM_HDR_LEN 24			/* common MAD header */
@@ -123,11 +125,12 @@ static inline uint64_t cm_sid(uint16_t ps, uint16_t port)
  * Where a received CM message goes: REQ and SIDR_REQ to the owner of the
  * service ID (*key = the SID, *by_sid), everything else to the owner of
  * the comm ID it names as ours (*key = RemoteCommID, or a SIDR_REP's
- * RequestID). -EBADMSG for a MAD cm_parse refuses.
+ * RequestID).
  */
-int cm_route(const uint8_t *mad, size_t len, uint64_t *key, bool *by_sid);
-/* The abstract socket name (without the leading NUL) for a route. */
-int cm_route_name(char *buf, size_t cap, uint64_t key, bool by_sid);
+void cm_route(const struct cm_msg *m, uint64_t *key, bool *by_sid);
+/* The abstract socket address of a route's owner: "ursa/cm/s/<sid>" or
+ * "ursa/cm/c/<comm id>" after the leading NUL. Returns its length. */
+socklen_t cm_route_addr(struct sockaddr_un *sa, uint64_t key, bool by_sid);
 
 /*
  * What should answer a message nobody owns (IBTA 12.6 and the kernel's

@@ -95,19 +95,18 @@ uint64_t cm_node_guid(void)
 	return be64toh(a.node_guid);
 }
 
-/* Bind an abstract datagram socket to name; the fd, or -errno. */
-static int bind_name(const char *name)
+/* Bind the abstract datagram socket of a route (cm_route_addr) and watch
+ * it; the fd, or -errno. */
+static int bind_name(uint64_t key, bool by_sid)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	size_t nl = strlen(name);
+	struct sockaddr_un sa;
+	socklen_t sl = cm_route_addr(&sa, key, by_sid);
 	struct epoll_event ev = { .events = EPOLLIN };
 	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 
 	if (fd < 0)
 		return -errno;
-	memcpy(sa.sun_path + 1, name, nl);
-	if (bind(fd, (struct sockaddr *)&sa,
-		 (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl))) {
+	if (bind(fd, (struct sockaddr *)&sa, sl)) {
 		int e = errno;
 
 		close(fd);
@@ -129,16 +128,13 @@ static void unbind_fd(int *fd)
 
 int cm_bind_port(struct cma_id *id, uint16_t port)
 {
-	char name[64];
 	int fd = -EADDRINUSE;
 
 	for (int i = 0; i < (port ? 1 : 64) && fd == -EADDRINUSE; i++) {
 		/* ephemeral: net.ipv4.ip_local_port_range's default span */
 		uint16_t p = port ? port : (uint16_t)(32768 + rand32() % 28232);
 
-		cm_route_name(name, sizeof(name), cm_sid((uint16_t)id->id.ps, p),
-			      true);
-		fd = bind_name(name);
+		fd = bind_name(cm_sid((uint16_t)id->id.ps, p), true);
 		if (fd >= 0)
 			id->port = p;
 	}
@@ -150,7 +146,6 @@ int cm_bind_port(struct cma_id *id, uint16_t port)
 
 int cm_new_comm_id(struct cma_id *id)
 {
-	char name[64];
 	int fd = -EADDRINUSE;
 
 	for (int i = 0; i < 64 && fd == -EADDRINUSE; i++) {
@@ -158,8 +153,7 @@ int cm_new_comm_id(struct cma_id *id)
 
 		if (!c)
 			continue;	/* 0 means "unknown" (12.6.5) */
-		cm_route_name(name, sizeof(name), c, false);
-		fd = bind_name(name);
+		fd = bind_name(c, false);
 		if (fd >= 0)
 			id->lcid = c;
 	}
@@ -383,8 +377,8 @@ void cm_fill_ud(struct cma_id *id, struct rdma_ud_param *ud,
 }
 
 /* A new id for a request a listener took (12.9.5.1, 12.11.1) */
-static struct cma_id *child_of(struct cma_id *l, const struct cm_fwd *f,
-			       const struct cm_msg *m, const struct cma_hdr *h)
+static struct cma_id *child_of(struct cma_id *l, const struct cm_msg *m,
+			       const struct cma_hdr *h)
 {
 	struct cma_id *c = calloc(1, sizeof(*c));
 	union ibv_gid g;
@@ -420,7 +414,6 @@ static struct cma_id *child_of(struct cma_id *l, const struct cm_fwd *f,
 	c->rcid = m->local_id;
 	c->tid = m->tid;
 	c->rguid = m->guid;
-	(void)f;
 	c->next = cma_ids;
 	cma_ids = c;
 	return c;
@@ -475,7 +468,7 @@ static void on_req(struct cma_id *l, const struct cm_fwd *f,
 	}
 	if (l->pending >= l->backlog)
 		return;		/* as the kernel: silence, the REQ comes again */
-	c = child_of(l, f, m, &h);
+	c = child_of(l, m, &h);
 	if (c && cm_new_comm_id(c)) {
 		cma_ids = c->next;	/* (child_of put it first) */
 		free(c->id.route.path_rec);
@@ -530,7 +523,7 @@ static void on_sidr_req(struct cma_id *l, const struct cm_fwd *f,
 	}
 	if (l->pending >= l->backlog)
 		return;
-	c = child_of(l, f, m, &h);
+	c = child_of(l, m, &h);
 	if (!c)
 		return;
 	c->state = CS_REQ_RCVD;
@@ -606,6 +599,16 @@ static void on_rep(struct cma_id *id, const struct cm_msg *m)
 #define SID_RETRIES 10
 #define SID_RETRY_MS 20
 
+/* The connection is over: the QP to the error state, the event out */
+static void conn_end(struct cma_id *id, enum rdma_cm_event_type t, int status,
+		     const struct cm_msg *m, struct cma_event **e)
+{
+	id->out_left = 0;
+	id->state = CS_DISCONNECTED;
+	cma_qp_to_error(id);
+	cma_queue(id, t, status, m, e);
+}
+
 static void on_rej(struct cma_id *id, const struct cm_msg *m)
 {
 	struct cma_event *e;
@@ -622,10 +625,7 @@ static void on_rej(struct cma_id *id, const struct cm_msg *m)
 	if (id->state != CS_REQ_SENT && id->state != CS_REP_SENT &&
 	    id->state != CS_REP_RCVD && id->state != CS_ESTABLISHED)
 		return;
-	id->out_left = 0;
-	cma_qp_to_error(id);
-	id->state = CS_DISCONNECTED;
-	cma_queue(id, RDMA_CM_EVENT_REJECTED, m->reason, m, &e);
+	conn_end(id, RDMA_CM_EVENT_REJECTED, m->reason, m, &e);
 	if (e) {
 		e->ev.param.conn.private_data = e->priv;
 		e->ev.param.conn.private_data_len = CM_REJ_PRIV;
@@ -661,12 +661,10 @@ static void on_dreq(struct cma_id *id, const struct cm_msg *m)
 	}
 }
 
-static void on_comm(struct cma_id *id, const struct cm_fwd *f,
-		    const struct cm_msg *m)
+static void on_comm(struct cma_id *id, const struct cm_msg *m)
 {
 	struct cma_event *e;
 
-	(void)f;
 	switch (m->attr) {
 	case CM_REP:
 		on_rep(id, m);
@@ -752,7 +750,7 @@ static void on_fd(int fd)
 			if (memcmp(f.src, id->id.route.addr.addr.ibaddr.dgid.raw,
 				   16))
 				continue;
-			on_comm(id, &f, &m);
+			on_comm(id, &m);
 		}
 	}
 }
@@ -772,14 +770,10 @@ static uint64_t timers(void)
 					     id->tos, id->out);
 				id->out_due = now + (uint64_t)id->out_ms * 1000000ull;
 			} else {
-				enum cma_state s = id->state;
-
-				id->state = CS_DISCONNECTED;
-				cma_qp_to_error(id);
-				cma_queue(id, s == CS_DREQ_SENT ?
-					  RDMA_CM_EVENT_DISCONNECTED :
-					  RDMA_CM_EVENT_UNREACHABLE,
-					  -ETIMEDOUT, NULL, NULL);
+				conn_end(id, id->state == CS_DREQ_SENT ?
+					 RDMA_CM_EVENT_DISCONNECTED :
+					 RDMA_CM_EVENT_UNREACHABLE,
+					 -ETIMEDOUT, NULL, NULL);
 				continue;
 			}
 		}
@@ -806,27 +800,19 @@ static void probe_peers(void)
 	if (fd < 0)
 		fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	for (struct cma_id *id = cma_ids; id && fd >= 0; id = id->next) {
-		struct sockaddr_un sa = { .sun_family = AF_UNIX };
-		char name[64];
-		int n;
+		struct sockaddr_un sa;
 
 		if (id->destroying || id->state != CS_ESTABLISHED ||
 		    id->id.qp_type == IBV_QPT_UD || !id->rcid ||
 		    addr_local_gid_index(&id->id.route.addr.addr.ibaddr.dgid) < 0)
 			continue;
-		n = cm_route_name(name, sizeof(name), id->rcid, false);
-		if (n < 0)
-			continue;
-		memcpy(sa.sun_path + 1, name, (size_t)n);
+		socklen_t sl;
+
+		sl = cm_route_addr(&sa, id->rcid, false);
 		/* (a one-byte datagram: the owner's reader drops it) */
-		if (sendto(fd, "", 1, MSG_DONTWAIT, (struct sockaddr *)&sa,
-			   (socklen_t)(offsetof(struct sockaddr_un, sun_path) +
-				       1 + (size_t)n)) < 0 &&
-		    errno == ECONNREFUSED) {
-			id->state = CS_DISCONNECTED;
-			cma_qp_to_error(id);
-			cma_queue(id, RDMA_CM_EVENT_DISCONNECTED, 0, NULL, NULL);
-		}
+		if (sendto(fd, "", 1, MSG_DONTWAIT, (struct sockaddr *)&sa, sl) < 0 &&
+		    errno == ECONNREFUSED)
+			conn_end(id, RDMA_CM_EVENT_DISCONNECTED, 0, NULL, NULL);
 	}
 }
 

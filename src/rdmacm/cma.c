@@ -489,6 +489,27 @@ static int qp_init(struct cma_id *id, struct ibv_qp *qp)
 	return ibv_modify_qp(qp, &a, mask | IBV_QP_ACCESS_FLAGS) ? -1 : 0;
 }
 
+/* A CQ of the id's own and its completion channel, of n entries (at
+ * least one); 0, or -1 with errno */
+static int own_cq(struct cma_id *id, uint32_t n, struct ibv_cq **use,
+		  struct ibv_cq **cq, struct ibv_comp_channel **ch)
+{
+	*ch = ibv_create_comp_channel(id->id.verbs);
+	if (!*ch)
+		return -1;
+	*cq = ibv_create_cq(id->id.verbs, n ? (int)n : 1, id, *ch, 0);
+	if (!*cq) {
+		int e = errno;
+
+		ibv_destroy_comp_channel(*ch);
+		*ch = NULL;
+		errno = e;
+		return -1;
+	}
+	*use = *cq;
+	return 0;
+}
+
 CMA_EXPORT int rdma_create_qp_ex(struct rdma_cm_id *cid,
 				 struct ibv_qp_init_attr_ex *attr)
 {
@@ -505,26 +526,11 @@ CMA_EXPORT int rdma_create_qp_ex(struct rdma_cm_id *cid,
 	}
 	id->id.pd = attr->pd;
 	/* no CQs given: the id gets its own, with channels (ucma_create_cqs) */
-	if (!attr->send_cq || !attr->recv_cq) {
-		int n = (int)(attr->cap.max_send_wr + attr->cap.max_recv_wr);
-
-		if (!attr->recv_cq) {
-			id->id.recv_cq_channel = ibv_create_comp_channel(id->id.verbs);
-			id->id.recv_cq = ibv_create_cq(id->id.verbs,
-						       (int)attr->cap.max_recv_wr ? (int)attr->cap.max_recv_wr : 1,
-						       id, id->id.recv_cq_channel, 0);
-			attr->recv_cq = id->id.recv_cq;
-		}
-		if (!attr->send_cq) {
-			id->id.send_cq_channel = ibv_create_comp_channel(id->id.verbs);
-			id->id.send_cq = ibv_create_cq(id->id.verbs,
-						       (int)attr->cap.max_send_wr ? (int)attr->cap.max_send_wr : 1,
-						       id, id->id.send_cq_channel, 0);
-			attr->send_cq = id->id.send_cq;
-		}
-		if (!attr->send_cq || !attr->recv_cq || n < 0)
-			return cma_errno(-ENOMEM);
-	}
+	if ((!attr->recv_cq && own_cq(id, attr->cap.max_recv_wr, &attr->recv_cq,
+				      &id->id.recv_cq, &id->id.recv_cq_channel)) ||
+	    (!attr->send_cq && own_cq(id, attr->cap.max_send_wr, &attr->send_cq,
+				      &id->id.send_cq, &id->id.send_cq_channel)))
+		return -1;
 	attr->qp_type = attr->qp_type ? attr->qp_type : id->id.qp_type;
 	qp = ibv_create_qp_ex(id->id.verbs, attr);
 	if (!qp)

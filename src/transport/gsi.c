@@ -9,7 +9,7 @@
  * its destination: the owner of the service ID for a REQ or SIDR_REQ, the
  * owner of the comm ID otherwise (proto/cm.c cm_route). Owners are ursa's
  * librdmacm, which binds an abstract datagram socket named for each
- * service ID and comm ID it holds (cm_route_name), so the kernel both
+ * service ID and comm ID it holds (cm_route_addr), so the kernel both
  * makes those names unique in the network namespace and delivers to the
  * right process: any ursa process of the host may be the one whose
  * RoCEv2 socket took the packet (the reuseport group, udp.c). A message
@@ -150,30 +150,32 @@ URSA_EXPORT int ursa_cm_send(const union ibv_gid *sgid, const union ibv_gid *dgi
 	return send_mad(sgid, dgid, tclass, mad);
 }
 
-/* Hand a MAD to the owner of name; false when nobody owns it. */
-static bool deliver(const char *name, const struct cm_fwd *f)
+/* Hand a MAD to the owner of its route: 1, or 0 when the owner is behind
+ * (as if lost: the CM retransmits; nobody answers for it), or -1 when
+ * nobody owns it. */
+static int deliver(const struct cm_msg *m, const struct cm_fwd *f)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	size_t nl = strlen(name);
-	int fd;
+	struct sockaddr_un sa;
+	socklen_t sl;
+	uint64_t key;
+	bool by_sid;
+	ssize_t n = -1;
+	int e = ENOTSOCK;
 
+	cm_route(m, &key, &by_sid);
+	sl = cm_route_addr(&sa, key, by_sid);
 	pthread_mutex_lock(&G.lock);
 	if (G.unx < 0)
 		G.unx = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	fd = G.unx;
-	memcpy(sa.sun_path + 1, name, nl);	/* abstract: leading NUL */
-	if (fd >= 0 &&
-	    sendto(fd, f, sizeof(*f), MSG_DONTWAIT, (struct sockaddr *)&sa,
-		   (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)) ==
-		    (ssize_t)sizeof(*f)) {
-		pthread_mutex_unlock(&G.lock);
-		return true;
+	if (G.unx >= 0) {
+		n = sendto(G.unx, f, sizeof(*f), MSG_DONTWAIT,
+			   (struct sockaddr *)&sa, sl);
+		e = errno;
 	}
 	pthread_mutex_unlock(&G.lock);
-	if (fd >= 0 && (errno == EAGAIN || errno == ENOBUFS))
-		return true;	/* the owner is behind: as if lost (the CM
-				 * retransmits), but do not answer for it */
-	return false;
+	if (n == (ssize_t)sizeof(*f))
+		return 1;
+	return e == EAGAIN || e == ENOBUFS ? 0 : -1;
 }
 
 void ursa_gsi_rx(const struct roce_pkt *p, const union ibv_gid *src,
@@ -182,26 +184,22 @@ void ursa_gsi_rx(const struct roce_pkt *p, const union ibv_gid *src,
 	struct cm_msg m, r;
 	struct cm_fwd f = { .magic = CM_FWD_MAGIC, .sport = sport, .hop = 64 };
 	uint8_t mad[CM_MAD_LEN];
-	char name[64];
-	uint64_t key;
-	bool by_sid;
+	int d;
 
 	/* IBTA 13.4.6.4 / rxe: QP1 takes UD SENDs with the GSI Q_Key only */
 	if (p->opcode != (ROCE_UD | OP_SEND_ONLY) || p->qkey != CM_QP1_QKEY ||
-	    p->paylen < CM_MAD_LEN ||
-	    cm_route(p->payload, p->paylen, &key, &by_sid) ||
-	    cm_route_name(name, sizeof(name), key, by_sid) < 0) {
+	    cm_parse(p->payload, p->paylen, &m)) {
 		atomic_fetch_add(&ursa_udp_cnt.cm_drop, 1);
 		return;
 	}
 	memcpy(f.src, src->raw, 16);
 	memcpy(f.dst, dst->raw, 16);
 	memcpy(f.mad, p->payload, CM_MAD_LEN);
-	if (deliver(name, &f)) {
-		atomic_fetch_add(&ursa_udp_cnt.cm_rx, 1);
+	d = deliver(&m, &f);
+	if (d >= 0) {
+		atomic_fetch_add(d ? &ursa_udp_cnt.cm_rx : &ursa_udp_cnt.cm_drop, 1);
 		return;
 	}
-	cm_parse(p->payload, p->paylen, &m);
 	if (!cm_orphan_reply(&m, &r) || cm_build(mad, &r) ||
 	    send_mad(dst, src, 0, mad)) {
 		atomic_fetch_add(&ursa_udp_cnt.cm_drop, 1);

@@ -100,8 +100,6 @@ static int test_bad_headers_refused(void)
 {
 	struct cm_msg m = { .attr = CM_RTU }, p;
 	uint8_t mad[CM_MAD_LEN];
-	uint64_t key;
-	bool by_sid;
 
 	REQUIRE(!cm_build(mad, &m));
 	EXPECT_EQ(cm_parse(mad, CM_MAD_LEN - 1, &p), -EBADMSG);
@@ -112,7 +110,7 @@ static int test_bad_headers_refused(void)
 	EXPECT_EQ(cm_parse(mad, CM_MAD_LEN, &p), -EBADMSG);
 	mad[3] = 0x03;
 	mad[17] = 0x30;			/* no such attribute */
-	EXPECT_EQ(cm_route(mad, CM_MAD_LEN, &key, &by_sid), -EBADMSG);
+	EXPECT_EQ(cm_parse(mad, CM_MAD_LEN, &p), -EBADMSG);
 	/* a REJ's ARI length beyond 72 bytes */
 	m.attr = CM_REJ;
 	REQUIRE(!cm_build(mad, &m));
@@ -130,7 +128,8 @@ static int test_cma_header_and_routes(void)
 	uint8_t mad[CM_MAD_LEN];
 	uint64_t key;
 	bool by_sid;
-	char name[64];
+	struct sockaddr_un sa;
+	socklen_t sl;
 
 	h.src[10] = h.src[11] = h.dst[10] = h.dst[11] = 0xff;
 	h.src[15] = 1;
@@ -146,13 +145,17 @@ static int test_cma_header_and_routes(void)
 	b[0] = 1;			/* cma version */
 	EXPECT_EQ(cma_hdr_get(b, &g), -EBADMSG);
 	REQUIRE(!cm_build(mad, &req));
-	REQUIRE(!cm_route(mad, CM_MAD_LEN, &key, &by_sid));
+	REQUIRE(!cm_parse(mad, CM_MAD_LEN, &r));
+	cm_route(&r, &key, &by_sid);
 	EXPECT_TRUE(by_sid);
 	EXPECT_EQ(key, 0x1060001);
-	cm_route_name(name, sizeof(name), key, by_sid);
-	EXPECT_TRUE(!strcmp(name, "ursa/cm/s/0000000001060001"));
+	sl = cm_route_addr(&sa, key, by_sid);
+	EXPECT_EQ(sa.sun_path[0], 0);		/* abstract */
+	EXPECT_TRUE(!strcmp(sa.sun_path + 1, "ursa/cm/s/0000000001060001"));
+	EXPECT_EQ(sl, offsetof(struct sockaddr_un, sun_path) + 1 + 26);
 	REQUIRE(!cm_build(mad, &rep));
-	REQUIRE(!cm_route(mad, CM_MAD_LEN, &key, &by_sid));
+	REQUIRE(!cm_parse(mad, CM_MAD_LEN, &r));
+	cm_route(&r, &key, &by_sid);
 	EXPECT_TRUE(!by_sid);
 	EXPECT_EQ(key, 9);
 	/* no listener: REJ 8 naming the requester; REP: REJ 2; DREQ: DREP */
