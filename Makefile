@@ -162,8 +162,9 @@ $(BUILD)/tests/func_%: tests/func/%.c $(HARNESS) tests/harness.h \
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< $(HARNESS) -o $@ $(APP_LDFLAGS) -libverbs
 
-# (the CM test links ursa's librdmacm too)
-$(BUILD)/tests/func_cm: tests/func/cm.c $(HARNESS) tests/harness.h $(LIB) $(RDMACM) \
+# (the CM and rsockets tests link ursa's librdmacm too)
+$(BUILD)/tests/func_cm $(BUILD)/tests/func_rsocket: $(BUILD)/tests/func_%: \
+		tests/func/%.c $(HARNESS) tests/harness.h $(LIB) $(RDMACM) \
 		$(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
 	$(CC) $(APP_CFLAGS) $< $(HARNESS) -o $@ $(APP_LDFLAGS) -l:librdmacm.so.1 -libverbs

@@ -864,6 +864,16 @@ void cm_wake(void)
 		return;		/* the counter is full: a wake-up is pending */
 }
 
+/* the child of fork() has no CM thread: its first channel starts one */
+void cm_fork_child(void)
+{
+	if (ep_fd >= 0)
+		close(ep_fd);
+	if (wake_fd >= 0)
+		close(wake_fd);
+	ep_fd = wake_fd = -1;
+}
+
 int cm_start(void)
 {
 	struct epoll_event ev = { .events = EPOLLIN };

@@ -52,6 +52,53 @@ struct ibv_pd *cma_default_pd(void)
 	return g_pd;
 }
 
+/*
+ * fork(): the child has only the forking thread, and libibverbs gave it a
+ * device without contexts (docs/design.md, fork()), so librdmacm starts
+ * afresh there. The parent's ids are forgotten in the child: the child's
+ * copies of their sockets are closed (the parent's stay bound, so its
+ * ports and connections remain its own), and the child's first event
+ * channel opens the device and starts a CM thread of its own. The
+ * parent's rsockets are EBADF in the child but for rclose (rsocket.c).
+ * The locks are taken across fork() so that the child's copies are
+ * consistent: cma_lock before tab_lock, the order of no other path (none
+ * holds one while taking the other).
+ */
+static void cma_fork_prepare(void)
+{
+	pthread_mutex_lock(&cma_lock);
+	rs_fork_prepare();
+}
+
+static void cma_fork_parent(void)
+{
+	rs_fork_parent();
+	pthread_mutex_unlock(&cma_lock);
+}
+
+static void cma_fork_child(void)
+{
+	for (struct cma_id *id = cma_ids; id; id = id->next) {
+		if (id->sfd >= 0)
+			close(id->sfd);
+		if (id->cfd >= 0)
+			close(id->cfd);
+		id->sfd = id->cfd = -1;
+	}
+	cma_ids = NULL;
+	g_ctx = NULL;
+	g_pd = NULL;
+	cm_fork_child();
+	rs_fork_child();
+	pthread_cond_init(&cma_cond, NULL);
+	pthread_mutex_unlock(&cma_lock);
+}
+
+__attribute__((constructor)) static void cma_init(void)
+{
+	pthread_atfork(cma_fork_prepare, cma_fork_parent, cma_fork_child);
+}
+
 /* --- channels and events ---------------------------------------------- */
 
 static struct cma_chan *chan_new(bool own)

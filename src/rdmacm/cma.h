@@ -100,8 +100,14 @@ int cma_qp_to_error(struct cma_id *id);
 int cma_errno(int neg);
 int cma_own_channel(struct cma_id *id);
 
+/* rsocket.c: its descriptor table across fork() (cma.c) */
+void rs_fork_prepare(void);
+void rs_fork_parent(void);
+void rs_fork_child(void);
+
 /* cm.c: the protocol. Called with cma_lock held unless said otherwise. */
 int cm_start(void);			/* the thread, once */
+void cm_fork_child(void);		/* forget the parent's thread */
 void cm_wake(void);
 int cm_bind_port(struct cma_id *id, uint16_t port);	/* 0: ephemeral */
 int cm_new_comm_id(struct cma_id *id);

@@ -80,7 +80,7 @@ enum rs_state {
 struct rs_conn {
 	uint32_t magic, size;		/* receive ring bytes */
 	uint64_t addr;			/* receive ring address */
-	uint32_t rkey, iomaps;		/* riomap()s this side accepts */
+	uint32_t rkey, iomaps;		/* riomap()s this side may make */
 };
 
 struct rs_iomap_msg {
@@ -107,6 +107,7 @@ struct rs {
 	enum rs_state state;
 	int err;			/* SO_ERROR: why it failed */
 	bool nonblock, fin_sent, fin_rcvd, shut_rd, gone;
+	bool inherited;			/* by a fork() child (rs_fork_child) */
 	struct rdma_event_channel *ch;
 	struct rdma_cm_id *id;
 	struct ibv_pd *pd;
@@ -136,7 +137,7 @@ struct rs {
 	uint32_t ssize, rkey;
 	uint64_t raddr, whead, wdone, peer_used;
 	int sq_used;
-	uint32_t peer_iomaps;		/* riomap()s the peer accepts */
+	uint32_t peer_iomaps;		/* riomap()s the peer may make */
 
 	/* riowrite staging ring */
 	uint8_t *iobuf;
@@ -154,7 +155,7 @@ static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rs **tab;
 static int tab_len;
 
-static struct rs *rs_get(int fd)
+static struct rs *rs_entry(int fd)
 {
 	struct rs *rs = NULL;
 
@@ -163,6 +164,36 @@ static struct rs *rs_get(int fd)
 		rs = tab[fd];
 	pthread_mutex_unlock(&tab_lock);
 	return rs;
+}
+
+/* a live rsocket: not one a fork() child inherited */
+static struct rs *rs_get(int fd)
+{
+	struct rs *rs = rs_entry(fd);
+
+	return rs && !rs->inherited ? rs : NULL;
+}
+
+void rs_fork_prepare(void)
+{
+	pthread_mutex_lock(&tab_lock);
+}
+
+void rs_fork_parent(void)
+{
+	pthread_mutex_unlock(&tab_lock);
+}
+
+/* The parent's rsockets stay the parent's: in the child their QPs belong
+ * to a context libibverbs has dropped and their locks may be held by
+ * threads that do not exist, so only rclose takes them, and it only
+ * closes the descriptors. */
+void rs_fork_child(void)
+{
+	for (int i = 0; i < tab_len; i++)
+		if (tab[i])
+			tab[i]->inherited = true;
+	pthread_mutex_unlock(&tab_lock);
 }
 
 static int tab_set(int fd, struct rs *rs)
@@ -479,7 +510,7 @@ static void on_recv(struct rs *rs, const struct ibv_wc *wc)
 		rs->fin_rcvd = true;
 		break;
 	case OP_IOMAP:
-		if (wc->byte_len != sizeof(m) || rs->nrmap >= rs->iomap_size ||
+		if (wc->byte_len != sizeof(m) || rs->nrmap >= (int)rs->peer_iomaps ||
 		    rs->nrmap >= RS_IOMAP_MAX)
 			return rs_fail(rs, EPROTO);
 		memcpy(&m, rs->ctrl + wc->wr_id * RS_CTRL, sizeof(m));
@@ -930,9 +961,16 @@ CMA_EXPORT int rshutdown(int s, int how)
 
 CMA_EXPORT int rclose(int s)
 {
-	struct rs *rs = rs_lock(s);
+	struct rs *rs = rs_entry(s);
 
-	if (!rs)
+	if (rs && rs->inherited) {
+		/* a fork() child's copy: its memory is left, never used */
+		if (rs->cc)
+			close(rs->cc->fd);
+		tab_set(s, NULL);
+		return close(s);
+	}
+	if (!(rs = rs_lock(s)))
 		return -1;
 	if (rs->state == RS_CONNECTED && !rs->gone) {
 		/* the peer reads everything up to our FIN before it sees the
@@ -1526,7 +1564,9 @@ CMA_EXPORT int rfcntl(int s, int cmd, ...)
 /* --- riomap, riowrite ------------------------------------------------------ */
 
 /* Maps buf for the peer's riowrite at offset (-1: at buf's address) and
- * tells the peer; it takes at most the RDMA_IOMAPSIZE it set. */
+ * tells the peer. As in rdma-core, RDMA_IOMAPSIZE (set before the
+ * connection; 0 by default) is how many maps this side may make; the
+ * handshake tells the peer, which takes no more. */
 CMA_EXPORT off_t riomap(int s, void *b, size_t n, int p, int f, off_t o)
 {
 	struct rs *rs = rs_lock(s);
@@ -1539,7 +1579,7 @@ CMA_EXPORT off_t riomap(int s, void *b, size_t n, int p, int f, off_t o)
 		return rs_unlock_ret(rs, -1, EINVAL);
 	if (rs->state != RS_CONNECTED)
 		return rs_unlock_ret(rs, -1, ENOTCONN);
-	if (rs->lmaps_sent >= rs->peer_iomaps || rs->nlmap >= RS_IOMAP_MAX)
+	if (rs->lmaps_sent >= (unsigned)rs->iomap_size || rs->nlmap >= RS_IOMAP_MAX)
 		return rs_unlock_ret(rs, -1, ENOMEM);
 	while (rs->sq_used >= RS_SQ && rs->state == RS_CONNECTED)
 		rs_wait(rs, 50);
