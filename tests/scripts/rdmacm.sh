@@ -1,6 +1,6 @@
 #!/bin/sh
-# rdmacm.sh - Debian 12's unmodified rdma_cm programs (rdmacm-utils,
-# perftest -R) on ursa's librdmacm.so.1, as server/client process pairs
+# rdmacm.sh - Debian 12's unmodified rdma_cm programs (rdmacm-utils
+# with the rsockets ones, perftest -R) on ursa's librdmacm.so.1, as server/client process pairs
 # started through `ursa run`, on one host and between two hosts made of
 # network namespaces; and the bad flows: a connect to a port nobody
 # listens on, a listener killed during the handshake. Prints "N passed,
@@ -68,6 +68,37 @@ cases() {
 	else
 		skp "rdmacm-utils ($where)" "rping not installed (scripts/deps.sh test)"
 	fi
+	if have rstream; then
+		# rsockets: every size rstream knows, blocking, async (rpoll)
+		# and non-blocking; a verified stream; riomap/riowrite
+		for o in "" "-T a" "-T n" "-S 100000 -C 50 -T v"; do
+			pair "rstream ${o:-(every size)} ($where)" "$sp" "$cp" "rstream $o" \
+				"rstream -s $addr $o" "Gb/sec"
+		done
+		# (every size only on one host: between hosts each 64-byte
+		# round trip waits for the receiver's engine thread, which
+		# riostream's memory-spinning threads leave no core to here)
+		for o in "-S 100000 -C 50 -T v" "-S 4096 -C 1 -I 300 -T v"; do
+			pair "riostream $o ($where)" "$sp" "$cp" "riostream $o" \
+				"riostream -s $addr $o" "Gb/sec"
+		done
+		[ -z "$sp" ] && pair "riostream, every size ($where)" "" "" "riostream" \
+			"riostream -s $addr" "Gb/sec"
+		# rcopy's server never exits: the copy must be whole when the
+		# client is done
+		head -c 3000000 /dev/urandom >"$tmp/src"
+		rm -f "$tmp/dst"
+		$sp timeout 60 $RUN rcopy >"$tmp/s" 2>&1 &
+		spid=$!
+		sleep 1
+		$cp timeout 30 $RUN rcopy "$tmp/src" "$addr:$tmp/dst" >"$tmp/c" 2>&1; crc=$?
+		kill $spid 2>/dev/null; wait $spid 2>/dev/null
+		if [ $crc -eq 0 ] && cmp -s "$tmp/src" "$tmp/dst"; then
+			ok "rcopy 3 MB, same bytes ($where)"
+		else bad "rcopy 3 MB, same bytes ($where)" "client $crc: $(tail -2 "$tmp/c" | tr '\n' '|') / $(tail -2 "$tmp/s" | tr '\n' '|')"; fi
+	else
+		skp "rsockets ($where)" "rstream not installed (scripts/deps.sh test)"
+	fi
 	if have ib_write_bw; then
 		for t in ib_write_lat ib_read_lat ib_send_lat ib_write_bw ib_read_bw ib_send_bw; do
 			pair "$t -R ($where)" "$sp" "$cp" "$t -R -F -n 200" "$t -R -F -n 200 $addr" "#bytes"
@@ -101,6 +132,24 @@ if have rping; then
 	if [ $rc -ne 124 ] && grep -q 'DISCONNECT EVENT\|completion failed status' "$tmp/c"; then
 		ok "server killed while connected: the client ends ($(grep -o 'DISCONNECT EVENT\|completion failed status [0-9]*' "$tmp/c" | head -1))"
 	else bad "server killed while connected: the client ends" "rc $rc: $(tail -3 "$tmp/c" | tr '\n' '|')"; fi
+fi
+
+if have rstream; then
+	out=$(timeout 20 $RUN rstream -s 127.0.0.1 -p 7997 -S 1000 -C 1 2>&1); rc=$?
+	if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q 'rconnect\|rpoll'; then
+		ok "rstream to a closed port: rconnect fails"
+	else bad "rstream to a closed port: rconnect fails" "rc $rc: $(echo "$out" | tr '\n' '|')"; fi
+	# an rstream server SIGKILLed mid-stream: the client ends, no hang
+	timeout 30 $RUN rstream -p 7996 -S 100000 -C 10000000 >"$tmp/s" 2>&1 &
+	sleep 1
+	timeout 30 $RUN rstream -s 127.0.0.1 -p 7996 -S 100000 -C 10000000 >"$tmp/c" 2>&1 &
+	cpid=$!
+	sleep 1
+	pkill -9 -f '^rstream -p 7996'
+	wait $cpid; rc=$?
+	if [ $rc -ne 124 ] && [ $rc -ne 0 ]; then
+		ok "rstream server killed mid-stream: the client ends (status $rc)"
+	else bad "rstream server killed mid-stream: the client ends" "rc $rc: $(tail -3 "$tmp/c" | tr '\n' '|')"; fi
 fi
 
 # ------------------------------------------------------------ two hosts
