@@ -28,6 +28,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -150,6 +151,14 @@ URSA_EXPORT int ursa_cm_send(const union ibv_gid *sgid, const union ibv_gid *dgi
 	return send_mad(sgid, dgid, tclass, mad);
 }
 
+/* How long a forward waits for an owner whose queue is full. A datagram
+ * socket holds net.unix.max_dgram_qlen (10) messages: cmtime's hundred
+ * REQs at once overflowed the listener's, and each one dropped waited
+ * for the REQ's retransmission (4.6 s). The owner's CM thread drains its
+ * queue in microseconds once it runs; an owner that does not (stopped)
+ * costs each MAD to it this much, after which it counts as lost. */
+#define DELIVER_WAIT_MS 5
+
 /* Hand a MAD to the owner of its route: 1, or 0 when the owner is behind
  * (as if lost: the CM retransmits; nobody answers for it), or -1 when
  * nobody owns it. */
@@ -160,19 +169,29 @@ static int deliver(const struct cm_msg *m, const struct cm_fwd *f)
 	uint64_t key;
 	bool by_sid;
 	ssize_t n = -1;
-	int e = ENOTSOCK;
+	int e = ENOTSOCK, fd;
 
 	cm_route(m, &key, &by_sid);
 	sl = cm_route_addr(&sa, key, by_sid);
 	pthread_mutex_lock(&G.lock);
-	if (G.unx < 0)
+	if (G.unx < 0) {
+		struct timeval tv = { .tv_usec = DELIVER_WAIT_MS * 1000 };
+
 		G.unx = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (G.unx >= 0) {
-		n = sendto(G.unx, f, sizeof(*f), MSG_DONTWAIT,
-			   (struct sockaddr *)&sa, sl);
+		if (G.unx >= 0)
+			setsockopt(G.unx, SOL_SOCKET, SO_SNDTIMEO, &tv,
+				   sizeof(tv));
+	}
+	fd = G.unx;
+	pthread_mutex_unlock(&G.lock);
+	/* blocking only while the owner's queue is full, then for
+	 * DELIVER_WAIT_MS at most (SO_SNDTIMEO); not under G.lock, which the
+	 * owner's CM thread may need to answer (ursa_cm_send) before it
+	 * reads again: this process may be the owner */
+	if (fd >= 0) {
+		n = sendto(fd, f, sizeof(*f), 0, (struct sockaddr *)&sa, sl);
 		e = errno;
 	}
-	pthread_mutex_unlock(&G.lock);
 	if (n == (ssize_t)sizeof(*f))
 		return 1;
 	return e == EAGAIN || e == ENOBUFS ? 0 : -1;

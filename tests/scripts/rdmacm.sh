@@ -68,6 +68,21 @@ cases() {
 	else
 		skp "rdmacm-utils ($where)" "rping not installed (scripts/deps.sh test)"
 	fi
+	if have cmtime; then
+		# 100 connections at once: with URSA_CM_RETRIES=0 a REQ the
+		# listener's side lost would end in UNREACHABLE (cmtime still
+		# exits 0, so its events are read)
+		$sp timeout 60 $RUN cmtime -p 7989 >"$tmp/s" 2>&1 &
+		spid=$!
+		sleep 1
+		$cp env URSA_CM_RETRIES=0 timeout 30 $RUN cmtime -s $addr -p 7989 -c 100 \
+			>"$tmp/c" 2>&1; crc=$?
+		kill $spid 2>/dev/null; wait $spid 2>/dev/null
+		if [ $crc -eq 0 ] && grep -q '^connect  ' "$tmp/c" &&
+		   ! grep -q 'event:\|error\|failed' "$tmp/c"; then
+			ok "cmtime, 100 connections at once, no REQ resent ($where)"
+		else bad "cmtime, 100 connections at once, no REQ resent ($where)" "client $crc: $(grep -v '^ursa' "$tmp/c" | tail -4 | tr '\n' '|')"; fi
+	fi
 	if have rstream; then
 		# rsockets: every size rstream knows, blocking, async (rpoll)
 		# and non-blocking; a verified stream; riomap/riowrite
