@@ -8,6 +8,9 @@
  *   netpeer udp-client IP PORT N SIZE    -> "udp_oneway_us median p99"
  *   netpeer tcp-server PORT          swallow a stream
  *   netpeer tcp-client IP PORT MIB       -> "tcp_MBps value"
+ *   netpeer tcp-accept-server PORT   accept, read to EOF (for the next)
+ *   netpeer tcp-connect-client IP PORT N -> "tcp_connect_us median p99
+ *                                    per_s rate" (connect, close; N times)
  *   netpeer cputime CMD [ARGS]       run CMD; its CPU time (user + system,
  *                                    children included) on stderr as
  *                                    "cpu_s value"; exits as CMD did
@@ -133,6 +136,43 @@ int main(int argc, char **argv)
 		shutdown(s, SHUT_WR);
 		read(s, buf, 1);
 		printf("tcp_MBps %.1f\n", total / (now_us() - t0));
+		return 0;
+	}
+	if (!strcmp(argv[1], "tcp-accept-server")) {
+		/* accepts, reads to EOF, closes: the peer of tcp-connect */
+		s = socket(AF_INET, SOCK_STREAM, 0);
+		setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (bind(s, (struct sockaddr *)&sa, sizeof(sa)) || listen(s, 1024))
+			return 1;
+		for (;;) {
+			int c = accept(s, NULL, NULL);
+
+			while (c >= 0 && read(c, buf, sizeof(buf)) > 0)
+				;
+			if (c >= 0)
+				close(c);
+		}
+	}
+	if (!strcmp(argv[1], "tcp-connect-client") && argc >= 5) {
+		/* N connections one after another: connect (the SYN/SYN-ACK,
+		 * as cmtime's connect step is REQ/REP/RTU) and close */
+		int n = atoi(argv[4]);
+		double *v = calloc((size_t)n, sizeof(double)), t0, all;
+
+		inet_pton(AF_INET, argv[2], &sa.sin_addr);
+		all = now_us();
+		for (int i = 0; i < n; i++) {
+			s = socket(AF_INET, SOCK_STREAM, 0);
+			t0 = now_us();
+			if (connect(s, (struct sockaddr *)&sa, sizeof(sa)))
+				return 1;
+			v[i] = now_us() - t0;
+			close(s);
+		}
+		all = now_us() - all;
+		qsort(v, (size_t)n, sizeof(double), cmp);
+		printf("tcp_connect_us %.1f %.1f per_s %.0f\n", v[n / 2],
+		       v[(int)(n * 0.99)], n / all * 1e6);
 		return 0;
 	}
 	return 2;
