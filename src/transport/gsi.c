@@ -25,6 +25,8 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -151,58 +153,219 @@ URSA_EXPORT int ursa_cm_send(const union ibv_gid *sgid, const union ibv_gid *dgi
 	return send_mad(sgid, dgid, tclass, mad);
 }
 
-/* How long a forward waits for an owner whose queue is full. A datagram
- * socket holds net.unix.max_dgram_qlen (10) messages: cmtime's hundred
- * REQs at once overflowed the listener's, and each one dropped waited
- * for the REQ's retransmission (4.6 s). The owner's CM thread drains its
- * queue in microseconds once it runs; an owner that does not (stopped)
- * costs each MAD to it this much, after which it counts as lost. */
-#define DELIVER_WAIT_MS 5
+/*
+ * Delivery to owners. A datagram socket holds net.unix.max_dgram_qlen
+ * (10) messages: cmtime's hundred REQs at once overflow a listener's, and
+ * a MAD dropped there waits for the peer's retransmission (seconds). The
+ * receive path must not block either (it is the engine's), so a MAD whose
+ * owner's queue is full waits here, in a bounded queue that a thread of
+ * its own hands over with blocking sends: the kernel wakes it as soon as
+ * the owner reads. A MAD waits for its owner at most PEND_WAIT_MS (an
+ * owner that reads nothing, stopped, costs that once for everything
+ * queued to it); then it counts as lost, as on a wire, and the CM
+ * retransmits. Later MADs for an owner with MADs waiting queue behind
+ * them, so that an owner reads its peer's messages in their order.
+ */
+#define PEND_MAX 512
+#define PEND_WAIT_MS 1000
 
-/* Hand a MAD to the owner of its route: 1, or 0 when the owner is behind
- * (as if lost: the CM retransmits; nobody answers for it), or -1 when
- * nobody owns it. */
+struct pend {
+	struct cm_fwd f;
+	struct sockaddr_un sa;
+	socklen_t sl;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	struct pend *q;		/* ring of PEND_MAX, allocated on first use */
+	unsigned head, n;
+	bool running;		/* the thread exists (in this process) */
+} P = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, false };
+
+static void orphan(const struct cm_fwd *f);
+
+/* The process-wide socket that sends to owners (never blocks) */
+static int unx_sock(void)
+{
+	pthread_mutex_lock(&G.lock);
+	if (G.unx < 0)
+		G.unx = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	pthread_mutex_unlock(&G.lock);
+	return G.unx;
+}
+
+static bool pend_has(const struct sockaddr_un *sa, socklen_t sl)
+{
+	for (unsigned i = 0; i < P.n; i++) {
+		const struct pend *q = &P.q[(P.head + i) % PEND_MAX];
+
+		if (q->sl == sl && !memcmp(&q->sa, sa, sl))
+			return true;
+	}
+	return false;
+}
+
+/* Drop the queue's head and every later MAD for the same owner */
+static void pend_drop_owner(void)
+{
+	struct pend head = P.q[P.head];
+	unsigned keep = 0;
+
+	for (unsigned i = 0; i < P.n; i++) {
+		struct pend *q = &P.q[(P.head + i) % PEND_MAX];
+
+		if (q->sl == head.sl && !memcmp(&q->sa, &head.sa, head.sl)) {
+			atomic_fetch_add(&ursa_udp_cnt.cm_drop, 1);
+			continue;
+		}
+		if (keep != i)
+			P.q[(P.head + keep) % PEND_MAX] = *q;
+		keep++;
+	}
+	P.n = keep;
+}
+
+static void *pend_thread(void *arg)
+{
+	struct timeval tv = { .tv_sec = PEND_WAIT_MS / 1000,
+			      .tv_usec = PEND_WAIT_MS % 1000 * 1000 };
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+	(void)arg;
+	if (fd >= 0)
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	pthread_mutex_lock(&P.lock);
+	for (;;) {
+		struct pend q;
+		ssize_t n;
+		int e;
+
+		while (!P.n)
+			pthread_cond_wait(&P.cv, &P.lock);
+		q = P.q[P.head];
+		pthread_mutex_unlock(&P.lock);
+		n = fd < 0 ? -1 : sendto(fd, &q.f, sizeof(q.f), 0,
+					 (struct sockaddr *)&q.sa, q.sl);
+		e = n < 0 ? errno : 0;
+		pthread_mutex_lock(&P.lock);
+		if (n == (ssize_t)sizeof(q.f)) {
+			atomic_fetch_add(&ursa_udp_cnt.cm_rx, 1);
+		} else if (e == EAGAIN || e == ENOBUFS || fd < 0) {
+			pend_drop_owner();	/* the owner reads nothing */
+			continue;
+		} else {
+			/* the owner is gone: answered as if never owned */
+			pthread_mutex_unlock(&P.lock);
+			orphan(&q.f);
+			pthread_mutex_lock(&P.lock);
+		}
+		P.head = (P.head + 1) % PEND_MAX;
+		P.n--;
+	}
+	return NULL;
+}
+
+/* Queue a MAD for the thread; under P.lock. 0, or -1 when full. */
+static int pend_add(const struct cm_fwd *f, const struct sockaddr_un *sa,
+		    socklen_t sl)
+{
+	struct pend *q;
+
+	if (!P.q && !(P.q = malloc(PEND_MAX * sizeof(*P.q))))
+		return -1;
+	if (P.n == PEND_MAX)
+		return -1;
+	if (!P.running) {
+		sigset_t all, old;
+		pthread_t t;
+		int r;
+
+		/* the thread takes no signals: they stay the application's */
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		r = pthread_create(&t, NULL, pend_thread, NULL);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (r)
+			return -1;
+		pthread_detach(t);
+		P.running = true;
+	}
+	q = &P.q[(P.head + P.n) % PEND_MAX];
+	q->f = *f;
+	q->sa = *sa;
+	q->sl = sl;
+	P.n++;
+	pthread_cond_signal(&P.cv);
+	return 0;
+}
+
+/* Hand a MAD to the owner of its route: 1 when handed over, 2 when queued
+ * for it (counted when handed over), 0 when lost (as on a wire: the CM
+ * retransmits; nobody answers for it), -1 when nobody owns it. */
 static int deliver(const struct cm_msg *m, const struct cm_fwd *f)
 {
 	struct sockaddr_un sa;
 	socklen_t sl;
 	uint64_t key;
 	bool by_sid;
-	ssize_t n = -1;
-	int e = ENOTSOCK, fd;
+	ssize_t n;
+	int fd = unx_sock(), r;
 
 	cm_route(m, &key, &by_sid);
 	sl = cm_route_addr(&sa, key, by_sid);
-	pthread_mutex_lock(&G.lock);
-	if (G.unx < 0) {
-		struct timeval tv = { .tv_usec = DELIVER_WAIT_MS * 1000 };
-
-		G.unx = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-		if (G.unx >= 0)
-			setsockopt(G.unx, SOL_SOCKET, SO_SNDTIMEO, &tv,
-				   sizeof(tv));
+	if (fd < 0)
+		return 0;
+	pthread_mutex_lock(&P.lock);
+	if (P.n && pend_has(&sa, sl)) {
+		r = pend_add(f, &sa, sl) ? 0 : 2;
+		pthread_mutex_unlock(&P.lock);
+		return r;
 	}
-	fd = G.unx;
-	pthread_mutex_unlock(&G.lock);
-	/* blocking only while the owner's queue is full, then for
-	 * DELIVER_WAIT_MS at most (SO_SNDTIMEO); not under G.lock, which the
-	 * owner's CM thread may need to answer (ursa_cm_send) before it
-	 * reads again: this process may be the owner */
-	if (fd >= 0) {
-		n = sendto(fd, f, sizeof(*f), 0, (struct sockaddr *)&sa, sl);
-		e = errno;
-	}
+	n = sendto(fd, f, sizeof(*f), MSG_DONTWAIT, (struct sockaddr *)&sa, sl);
 	if (n == (ssize_t)sizeof(*f))
-		return 1;
-	return e == EAGAIN || e == ENOBUFS ? 0 : -1;
+		r = 1;
+	else if (n < 0 && (errno == EAGAIN || errno == ENOBUFS))
+		r = pend_add(f, &sa, sl) ? 0 : 2;
+	else
+		r = -1;
+	pthread_mutex_unlock(&P.lock);
+	return r;
+}
+
+/* fork(): the child has no forwarding thread and none of the parent's
+ * queued MADs (the parent delivers them) */
+void ursa_gsi_atfork_child(void)
+{
+	pthread_mutex_init(&G.lock, NULL);
+	pthread_mutex_init(&P.lock, NULL);
+	pthread_cond_init(&P.cv, NULL);
+	P.head = P.n = 0;
+	P.running = false;
+}
+
+/* A MAD nobody owns: answered as the kernel's CM answers it, or dropped */
+static void orphan(const struct cm_fwd *f)
+{
+	struct cm_msg m, r;
+	union ibv_gid src, dst;
+	uint8_t mad[CM_MAD_LEN];
+
+	memcpy(src.raw, f->src, 16);
+	memcpy(dst.raw, f->dst, 16);
+	if (cm_parse(f->mad, CM_MAD_LEN, &m) || !cm_orphan_reply(&m, &r) ||
+	    cm_build(mad, &r) || send_mad(&dst, &src, 0, mad)) {
+		atomic_fetch_add(&ursa_udp_cnt.cm_drop, 1);
+		return;
+	}
+	atomic_fetch_add(&ursa_udp_cnt.cm_orphan, 1);
 }
 
 void ursa_gsi_rx(const struct roce_pkt *p, const union ibv_gid *src,
 		 uint16_t sport, const union ibv_gid *dst)
 {
-	struct cm_msg m, r;
+	struct cm_msg m;
 	struct cm_fwd f = { .magic = CM_FWD_MAGIC, .sport = sport, .hop = 64 };
-	uint8_t mad[CM_MAD_LEN];
 	int d;
 
 	/* IBTA 13.4.6.4 / rxe: QP1 takes UD SENDs with the GSI Q_Key only */
@@ -215,14 +378,10 @@ void ursa_gsi_rx(const struct roce_pkt *p, const union ibv_gid *src,
 	memcpy(f.dst, dst->raw, 16);
 	memcpy(f.mad, p->payload, CM_MAD_LEN);
 	d = deliver(&m, &f);
-	if (d >= 0) {
-		atomic_fetch_add(d ? &ursa_udp_cnt.cm_rx : &ursa_udp_cnt.cm_drop, 1);
-		return;
-	}
-	if (!cm_orphan_reply(&m, &r) || cm_build(mad, &r) ||
-	    send_mad(dst, src, 0, mad)) {
+	if (d == 1)
+		atomic_fetch_add(&ursa_udp_cnt.cm_rx, 1);
+	else if (d == 0)
 		atomic_fetch_add(&ursa_udp_cnt.cm_drop, 1);
-		return;
-	}
-	atomic_fetch_add(&ursa_udp_cnt.cm_orphan, 1);
+	else if (d < 0)
+		orphan(&f);
 }

@@ -3606,6 +3606,7 @@ void ursa_udp_atfork_child(void)
 	pthread_mutex_init(&U.rx, NULL);
 	pthread_mutex_init(&U.fault_lock, NULL);
 	socks_close();
+	ursa_gsi_atfork_child();
 	U.users = 0;
 	U.held_len = 0;
 	if (txb)		/* the parent's packets */

@@ -94,6 +94,7 @@ void ursa_udp_seal(uint8_t *ib, size_t len, const union ibv_gid *src,
 
 /* QP1 (transport/gsi.c): a received packet for QP 1 */
 struct roce_pkt;
+void ursa_gsi_atfork_child(void);
 void ursa_gsi_rx(const struct roce_pkt *p, const union ibv_gid *src,
 		 uint16_t sport, const union ibv_gid *dst);
 
