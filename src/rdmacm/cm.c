@@ -584,9 +584,11 @@ static void on_rep(struct cma_id *id, const struct cm_msg *m)
 		cma_queue(id, RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL, NULL, NULL);
 		return;
 	}
-	cm_send_rtu(id);
+	/* the event before the RTU (both under cma_lock): nothing the peer
+	 * sends once it has the RTU can complete ahead of ESTABLISHED */
 	id->state = CS_ESTABLISHED;
 	conn_event(id, RDMA_CM_EVENT_ESTABLISHED, m, CM_REP_PRIV);
+	cm_send_rtu(id);
 }
 
 /*

@@ -653,6 +653,13 @@ static int progress(struct rs *rs)
 	struct ibv_wc wc[16];
 	int n = 0, got;
 
+	/* while connecting, the CM first: the peer's first messages (its
+	 * riomap) may have completed before we read the ESTABLISHED that
+	 * tells us its ring and limits */
+	while (rs->state == RS_CONNECTING && !rdma_get_cm_event(rs->ch, &e)) {
+		on_cm(rs, e);
+		n++;
+	}
 	while (rs->cq && (got = ibv_poll_cq(rs->cq, 16, wc)) > 0) {
 		for (int i = 0; i < got; i++)
 			on_wc(rs, &wc[i]);
