@@ -156,8 +156,7 @@ int addr_resolve(struct cma_id *id, const struct sockaddr *src,
 	id->id.route.addr.addr.ibaddr.dgid = dg;
 	id->id.route.addr.addr.ibaddr.pkey = htobe16(0xffff);
 	id->sgid_index = (uint8_t)gi;
-	id->id.verbs = cma_ctx();
-	id->id.port_num = 1;
+	cma_set_dev(id);
 	id->state = CS_ADDR;
 	return 0;
 }
@@ -223,65 +222,95 @@ CMA_EXPORT void rdma_freeaddrinfo(struct rdma_addrinfo *res)
 	}
 }
 
-CMA_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
-				const struct rdma_addrinfo *hints,
-				struct rdma_addrinfo **res)
+/* The first answer of getaddrinfo(3) for node and service, as an
+ * rdma_addrinfo; 0 or an EAI_ code. */
+static int from_getaddrinfo(const char *node, const char *service,
+			    const struct rdma_addrinfo *hints,
+			    struct rdma_addrinfo *r)
 {
 	struct addrinfo h = { 0 }, *ai;
-	struct rdma_addrinfo *r;
+	struct sockaddr **sa;
+	socklen_t *len;
 	int e;
 
-	if (!res)
-		return EAI_FAIL;
-	if (hints) {
-		h.ai_flags = hints->ai_flags & RAI_PASSIVE ? AI_PASSIVE : 0;
-		if (hints->ai_flags & RAI_NUMERICHOST)
-			h.ai_flags |= AI_NUMERICHOST;
-		h.ai_family = hints->ai_family;
-		if (hints->ai_port_space == RDMA_PS_UDP ||
-		    hints->ai_qp_type == IBV_QPT_UD)
-			h.ai_socktype = SOCK_DGRAM;
-		else
-			h.ai_socktype = SOCK_STREAM;
-	} else {
+	h.ai_flags = hints->ai_flags & RAI_PASSIVE ? AI_PASSIVE : 0;
+	if (hints->ai_flags & RAI_NUMERICHOST)
+		h.ai_flags |= AI_NUMERICHOST;
+	h.ai_family = hints->ai_family == AF_IB ? AF_UNSPEC : hints->ai_family;
+	if (hints->ai_qp_type == IBV_QPT_UD || (!hints->ai_qp_type &&
+	    (hints->ai_port_space == RDMA_PS_UDP ||
+	     hints->ai_port_space == RDMA_PS_IPOIB)))
+		h.ai_socktype = SOCK_DGRAM;
+	else
 		h.ai_socktype = SOCK_STREAM;
-	}
 	if (h.ai_family == AF_UNSPEC)
 		h.ai_family = AF_INET;	/* ursa's ids are IPv4 first */
 	e = getaddrinfo(node, service, &h, &ai);
-	if (e && h.ai_family == AF_INET && !(hints && hints->ai_family)) {
+	if (e && h.ai_family == AF_INET && hints->ai_family != AF_INET) {
 		h.ai_family = AF_UNSPEC;
 		e = getaddrinfo(node, service, &h, &ai);
 	}
 	if (e)
 		return e;
-	r = calloc(1, sizeof(*r));
-	if (!r) {
-		freeaddrinfo(ai);
-		return EAI_MEMORY;
-	}
-	r->ai_flags = hints ? hints->ai_flags : 0;
+	r->ai_flags = hints->ai_flags & RAI_PASSIVE;
 	r->ai_family = ai->ai_family;
-	r->ai_qp_type = h.ai_socktype == SOCK_DGRAM ? IBV_QPT_UD : IBV_QPT_RC;
-	r->ai_port_space = hints && hints->ai_port_space ?
-			   hints->ai_port_space :
+	r->ai_qp_type = hints->ai_qp_type ? hints->ai_qp_type :
+			h.ai_socktype == SOCK_DGRAM ? IBV_QPT_UD : IBV_QPT_RC;
+	r->ai_port_space = hints->ai_port_space ? hints->ai_port_space :
 			   h.ai_socktype == SOCK_DGRAM ? RDMA_PS_UDP : RDMA_PS_TCP;
-	if (r->ai_flags & RAI_PASSIVE) {
-		r->ai_src_addr = dup_sa(ai->ai_addr, ai->ai_addrlen);
-		r->ai_src_len = ai->ai_addrlen;
+	sa = r->ai_flags & RAI_PASSIVE ? &r->ai_src_addr : &r->ai_dst_addr;
+	len = r->ai_flags & RAI_PASSIVE ? &r->ai_src_len : &r->ai_dst_len;
+	*sa = dup_sa(ai->ai_addr, ai->ai_addrlen);
+	*len = ai->ai_addrlen;
+	freeaddrinfo(ai);
+	return *sa ? 0 : EAI_MEMORY;
+}
+
+/*
+ * As rdma-core's: a node or service is looked up by getaddrinfo(3) (the
+ * address is the source of a passive lookup, the destination otherwise);
+ * with neither, the hints' addresses and types are the answer. A source
+ * in the hints is kept when the lookup gave none. Failure is -1 with
+ * errno set (to the EAI_ code of a failed lookup, as rdma-core sets it).
+ */
+CMA_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
+				const struct rdma_addrinfo *hints,
+				struct rdma_addrinfo **res)
+{
+	static const struct rdma_addrinfo none;
+	struct rdma_addrinfo *r;
+	int e = 0;
+
+	if (!res || (!node && !service && !hints))
+		return cma_errno(-EINVAL);
+	if (!hints)
+		hints = &none;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return cma_errno(-ENOMEM);
+	if (node || service) {
+		e = from_getaddrinfo(node, service, hints, r);
 	} else {
-		r->ai_dst_addr = dup_sa(ai->ai_addr, ai->ai_addrlen);
-		r->ai_dst_len = ai->ai_addrlen;
-		if (hints && hints->ai_src_addr && hints->ai_src_len) {
-			r->ai_src_addr = dup_sa(hints->ai_src_addr,
-						hints->ai_src_len);
-			r->ai_src_len = hints->ai_src_len;
+		r->ai_flags = hints->ai_flags;
+		r->ai_family = hints->ai_family;
+		r->ai_qp_type = hints->ai_qp_type;
+		r->ai_port_space = hints->ai_port_space;
+		if (hints->ai_dst_len && hints->ai_dst_addr) {
+			r->ai_dst_addr = dup_sa(hints->ai_dst_addr,
+						hints->ai_dst_len);
+			r->ai_dst_len = hints->ai_dst_len;
+			e = r->ai_dst_addr ? 0 : EAI_MEMORY;
 		}
 	}
-	freeaddrinfo(ai);
-	if (!r->ai_src_addr && !r->ai_dst_addr) {
+	if (!e && !r->ai_src_len && hints->ai_src_len && hints->ai_src_addr) {
+		r->ai_src_addr = dup_sa(hints->ai_src_addr, hints->ai_src_len);
+		r->ai_src_len = hints->ai_src_len;
+		e = r->ai_src_addr ? 0 : EAI_MEMORY;
+	}
+	if (e) {
 		rdma_freeaddrinfo(r);
-		return EAI_MEMORY;
+		errno = e;
+		return -1;
 	}
 	*res = r;
 	return 0;

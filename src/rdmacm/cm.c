@@ -393,7 +393,7 @@ static struct cma_id *child_of(struct cma_id *l, const struct cm_msg *m,
 		return NULL;
 	}
 	c->sfd = c->cfd = -1;
-	c->id.verbs = cma_ctx();
+	cma_set_dev(c);
 	c->id.channel = l->id.channel;
 	c->chan = l->chan;
 	c->id.context = l->id.context;

@@ -30,9 +30,14 @@ int cma_errno(int neg)
 	return -1;
 }
 
-/* The device every id uses (ursa has one), opened once. */
+/* The device every id uses (ursa has one), opened once, and the PD
+ * librdmacm gives every id with a device (id->pd, as rdma-core's: UCX
+ * creates its placeholder QPs in it). dev_lock is taken under no other. */
+static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
+
 struct ibv_context *cma_ctx(void)
 {
+	pthread_mutex_lock(&dev_lock);
 	if (!g_ctx) {
 		int n;
 		struct ibv_device **l = ibv_get_device_list(&n);
@@ -42,14 +47,28 @@ struct ibv_context *cma_ctx(void)
 		if (l)
 			ibv_free_device_list(l);
 	}
+	pthread_mutex_unlock(&dev_lock);
 	return g_ctx;
 }
 
 struct ibv_pd *cma_default_pd(void)
 {
-	if (!g_pd && cma_ctx())
-		g_pd = ibv_alloc_pd(g_ctx);
+	struct ibv_context *c = cma_ctx();
+
+	pthread_mutex_lock(&dev_lock);
+	if (!g_pd && c)
+		g_pd = ibv_alloc_pd(c);
+	pthread_mutex_unlock(&dev_lock);
 	return g_pd;
+}
+
+/* the id has the device: its context, port and PD */
+void cma_set_dev(struct cma_id *id)
+{
+	id->id.verbs = cma_ctx();
+	id->id.port_num = 1;
+	if (!id->id.pd)
+		id->id.pd = cma_default_pd();
 }
 
 /*
@@ -88,6 +107,7 @@ static void cma_fork_child(void)
 	cma_ids = NULL;
 	g_ctx = NULL;
 	g_pd = NULL;
+	pthread_mutex_init(&dev_lock, NULL);
 	cm_fork_child();
 	rs_fork_child();
 	pthread_cond_init(&cma_cond, NULL);
@@ -428,8 +448,7 @@ CMA_EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 		if (r >= 0) {
 			id->sgid_index = (uint8_t)r;
 			id->id.route.addr.addr.ibaddr.sgid = g;
-			id->id.verbs = cma_ctx();
-			id->id.port_num = 1;
+			cma_set_dev(id);
 			r = 0;
 		} else {
 			r = -ENODEV;
@@ -794,20 +813,19 @@ CMA_EXPORT int rdma_establish(struct rdma_cm_id *cid)
 
 	if (!id)
 		return cma_errno(-EINVAL);
+	/* the RTU and nothing more: the kernel reports no ESTABLISHED to an
+	 * active side that took CONNECT_RESPONSE (UCX asserts it never
+	 * comes), and rdma-core's call waits for no event */
 	pthread_mutex_lock(&cma_lock);
-	if (id->state != CS_REP_RCVD) {
+	if (id->state != CS_REP_RCVD || id->id.qp) {
 		r = -EINVAL;
 	} else {
 		r = cm_send_rtu(id);
-		if (!r) {
+		if (!r)
 			id->state = CS_ESTABLISHED;
-			cma_queue(id, RDMA_CM_EVENT_ESTABLISHED, 0, NULL, NULL);
-		}
 	}
 	pthread_mutex_unlock(&cma_lock);
-	if (r)
-		return cma_errno(r);
-	return complete(id);
+	return r ? cma_errno(r) : 0;
 }
 
 CMA_EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *in)
@@ -962,11 +980,17 @@ CMA_EXPORT int rdma_migrate_id(struct rdma_cm_id *cid,
 	struct cma_id *id = (struct cma_id *)cid;
 	struct cma_chan *old, *nc;
 
-	if (!id)
+	if (!id || (id->sync && !ch))
 		return cma_errno(-EINVAL);
 	nc = ch ? (struct cma_chan *)ch : chan_new(true);
 	if (!nc)
 		return cma_errno(-ENOMEM);
+	/* a synchronous id's last event is acked by its next call: this
+	 * one (rdma_create_ep's ids are migrated so by libfabric) */
+	if (id->sync && id->id.event) {
+		rdma_ack_cm_event(id->id.event);
+		id->id.event = NULL;
+	}
 	pthread_mutex_lock(&cma_lock);
 	while (id->reported != id->acked)
 		pthread_cond_wait(&cma_cond, &cma_lock);

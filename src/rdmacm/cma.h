@@ -95,6 +95,7 @@ void cma_queue(struct cma_id *id, enum rdma_cm_event_type t, int status,
 	       const struct cm_msg *m, struct cma_event **out);
 struct ibv_context *cma_ctx(void);
 struct ibv_pd *cma_default_pd(void);
+void cma_set_dev(struct cma_id *id);
 int cma_modify_qp_rtr_rts(struct cma_id *id);
 int cma_qp_to_error(struct cma_id *id);
 int cma_errno(int neg);
