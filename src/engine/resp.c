@@ -174,18 +174,21 @@ static void put_refs(struct ursa_mem_ref *refs, uint32_t n)
 		ursa_mem_put(&refs[i]);
 }
 
+/* A message given up half way (QP state change, a gap on UC): nothing to
+ * release, no reference outlives its packet */
 void ursa_rstate_drop(struct ursa_rstate *rs)
 {
-	if (rs && rs->active) {
-		put_refs(rs->refs, rs->w.num_sge);
+	if (rs)
 		rs->active = false;
-	}
 }
 
 /* SEND, SEND with immediate or invalidate, and the receive half of WRITE
  * with immediate (data already placed; only the WQE is consumed). A SEND
  * may arrive in fragments: the first takes the receive WQE (or RNRs), the
- * last completes it; rs keeps the WQE in between. */
+ * last completes it; rs keeps the WQE in between, not its MRs: every
+ * fragment looks its SGEs up again (as rxe does) and lets go before it
+ * returns, so that a sender that vanishes mid-message cannot hold an MR
+ * that ibv_dereg_mr then waits for (qperf's server hung so). */
 static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		    struct ursa_resp *resp, bool write_imm,
 		    struct ursa_rstate *rs)
@@ -254,6 +257,16 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
 		resp->why = URSA_WHY_OPCODE;
 		return;
+	} else if (!write_imm) {
+		room = map_recv(tqp, &st->w, st->sg, st->refs, &st->nsg, false);
+		if (room < 0) {	/* deregistered since the first fragment */
+			st->active = false;
+			wc.wr_id = st->w.wr_id;
+			wc.status = IBV_WC_LOC_PROT_ERR;
+			resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
+			resp->why = (uint32_t)-room;
+			goto fail;
+		}
 	}
 	if (!write_imm && r->len) {
 		/* msg_len 0 on a fragment: the total is not known up front
@@ -280,12 +293,12 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 			goto fail;
 		}
 	}
+	put_refs(st->refs, st->w.num_sge);
 	if (!last) {
 		resp->ack = URSA_ACK;
 		return;
 	}
 	st->active = false;
-	put_refs(st->refs, st->w.num_sge);
 	wc.wr_id = st->w.wr_id;
 	wc.qp_num = tqp->ex.qp_base.qp_num;
 	wc.src_qp = r->src_qpn;
