@@ -12,7 +12,7 @@ if [ "$1" = test ] || [ "$1" = bench ]; then
 	need="$need ibverbs-utils perftest rdmacm-utils binutils iproute2 procps iptables tshark"
 	# the frameworks that tests/scripts/frameworks.sh runs on ursa
 	need="$need ucx-utils libucx0 openmpi-bin libopenmpi-dev mpich libmpich-dev"
-	need="$need libfabric-bin python3-pyverbs"
+	need="$need libfabric-bin python3-pyverbs fio qperf"
 fi
 optional=""
 [ "$1" = bench ] && optional="gnuplot-nox redis-server redis-tools ethtool"

@@ -37,6 +37,15 @@ void addr_set_port(struct sockaddr *sa, uint16_t port)
 		((struct sockaddr_in6 *)sa)->sin6_port = htons(port);
 }
 
+bool addr_is_loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET)
+		return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr)
+			>> 24) == 127;
+	return sa->sa_family == AF_INET6 &&
+	       IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)sa)->sin6_addr);
+}
+
 /* The GID of an address; -EADDRNOTAVAIL for a wildcard. */
 int addr_gid(const struct sockaddr *sa, union ibv_gid *g)
 {

@@ -22,6 +22,7 @@
 #include "cma.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -63,9 +64,9 @@ static void trace(const char *dir, const struct cm_msg *m)
 {
 	if (cfg_trace)
 		fprintf(stderr, "ursa cm: pid %d %s %s local 0x%08x remote 0x%08x"
-			" qpn 0x%06x reason %u status %u\n", (int)getpid(), dir,
-			attr_name(m->attr), m->local_id, m->remote_id, m->qpn,
-			m->reason, m->status);
+			" qpn 0x%06x reason %u status %u sid 0x%" PRIx64 "\n",
+			(int)getpid(), dir, attr_name(m->attr), m->local_id,
+			m->remote_id, m->qpn, m->reason, m->status, m->sid);
 }
 
 static uint64_t now_ns(void)

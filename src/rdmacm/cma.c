@@ -374,23 +374,11 @@ static void drop_events(struct cma_id *id)
 	c->tail = last;
 }
 
-CMA_EXPORT int rdma_destroy_id(struct rdma_cm_id *cid)
+/* Leave the connection as the kernel's destroy does: the peer hears
+ * REJ, DREQ or DREP at once instead of waiting out its timers. Under
+ * cma_lock. */
+static void leave(struct cma_id *id)
 {
-	struct cma_id *id = (struct cma_id *)cid;
-
-	if (!id)
-		return cma_errno(-EINVAL);
-	if (id->sync && id->id.event) {
-		rdma_ack_cm_event(id->id.event);
-		id->id.event = NULL;
-	}
-	pthread_mutex_lock(&cma_lock);
-	id->destroying = true;
-	drop_events(id);
-	/* every event handed out must be acked first (librdmacm's rule) */
-	while (id->reported != id->acked)
-		pthread_cond_wait(&cma_cond, &cma_lock);
-	/* leave the connection as the kernel's destroy does */
 	switch (id->state) {
 	case CS_REQ_RCVD:
 		if (id->id.ps != RDMA_PS_UDP)
@@ -410,6 +398,47 @@ CMA_EXPORT int rdma_destroy_id(struct rdma_cm_id *cid)
 	default:
 		break;
 	}
+}
+
+/*
+ * A process that exits without destroying its ids: the kernel destroys
+ * them when the process's rdma_cm file closes, so its peers hear the
+ * DREQ or DREP at once. Here that is this destructor (qperf's server
+ * children exit with a DREQ unanswered; the peer otherwise waited for its
+ * DREQ's retransmission, seconds, for the orphan DREP). The lock is only
+ * tried: a thread that holds it at exit keeps it.
+ */
+__attribute__((destructor)) static void cma_exit(void)
+{
+	for (int i = 0; i < 100; i++) {
+		if (!pthread_mutex_trylock(&cma_lock)) {
+			for (struct cma_id *id = cma_ids; id; id = id->next)
+				if (!id->destroying)
+					leave(id);
+			pthread_mutex_unlock(&cma_lock);
+			return;
+		}
+		usleep(1000);
+	}
+}
+
+CMA_EXPORT int rdma_destroy_id(struct rdma_cm_id *cid)
+{
+	struct cma_id *id = (struct cma_id *)cid;
+
+	if (!id)
+		return cma_errno(-EINVAL);
+	if (id->sync && id->id.event) {
+		rdma_ack_cm_event(id->id.event);
+		id->id.event = NULL;
+	}
+	pthread_mutex_lock(&cma_lock);
+	id->destroying = true;
+	drop_events(id);
+	/* every event handed out must be acked first (librdmacm's rule) */
+	while (id->reported != id->acked)
+		pthread_cond_wait(&cma_cond, &cma_lock);
+	leave(id);
 	if (id->listener && id->state == CS_REQ_RCVD &&
 	    id->listener->pending > 0)
 		id->listener->pending--;
@@ -448,7 +477,13 @@ CMA_EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 		if (r >= 0) {
 			id->sgid_index = (uint8_t)r;
 			id->id.route.addr.addr.ibaddr.sgid = g;
-			cma_set_dev(id);
+			/* A loopback address is bound as the wildcard is, with
+			 * no device yet: a kernel refuses it (ENODEV, no RoCE
+			 * port has lo's GID) and libfabric, which asks for
+			 * "localhost" first, then looks for the device's real
+			 * addresses only if the bind left id->verbs NULL. */
+			if (!addr_is_loopback(addr))
+				cma_set_dev(id);
 			r = 0;
 		} else {
 			r = -ENODEV;

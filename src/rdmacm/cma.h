@@ -128,6 +128,7 @@ void cm_fill_ud(struct cma_id *id, struct rdma_ud_param *ud,
 		const union ibv_gid *dgid, uint32_t qpn, uint32_t qkey);
 
 /* addr.c */
+bool addr_is_loopback(const struct sockaddr *sa);
 int addr_gid(const struct sockaddr *sa, union ibv_gid *g);
 int addr_port_of(const struct sockaddr *sa);
 void addr_set_port(struct sockaddr *sa, uint16_t port);

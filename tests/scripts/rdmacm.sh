@@ -1,6 +1,8 @@
 #!/bin/sh
 # rdmacm.sh - Debian 12's unmodified rdma_cm programs (rdmacm-utils
-# with the rsockets ones, perftest -R) on ursa's librdmacm.so.1, as server/client process pairs
+# with the rsockets ones, perftest -R, fio's rdma engine, qperf -cm1,
+# libfabric's verbs msg and rxm endpoints, UCX's rdmacm connection
+# manager) on ursa's librdmacm.so.1, as server/client process pairs
 # started through `ursa run`, on one host and between two hosts made of
 # network namespaces; and the bad flows: a connect to a port nobody
 # listens on, a listener killed during the handshake. Prints "N passed,
@@ -118,6 +120,61 @@ cases() {
 		for t in ib_write_lat ib_read_lat ib_send_lat ib_write_bw ib_read_bw ib_send_bw; do
 			pair "$t -R ($where)" "$sp" "$cp" "$t -R -F -n 200" "$t -R -F -n 200 $addr" "#bytes"
 		done
+	fi
+	if have fio; then
+		# fio's rdma engine: the reader is the server. Its SEND test
+		# connects with rnr_retry 0 (fio's), so the receiver posts a
+		# receive for every message first, as fio advises: a message
+		# that found none would end the run on any RoCE device.
+		for v in write read; do
+			pair "fio --ioengine=rdma --verb=$v ($where)" "$sp" "$cp" \
+				"fio --name=s --ioengine=rdma --port=7720 --rw=read --bs=64k --size=64m" \
+				"fio --name=c --ioengine=rdma --hostname=$addr --port=7720 --rw=write --bs=64k --size=64m --iodepth=4 --verb=$v" \
+				"WRITE: bw="
+		done
+		pair "fio --ioengine=rdma --verb=send ($where)" "$sp" "$cp" \
+			"fio --name=s --ioengine=rdma --port=7720 --rw=read --bs=64k --size=4m --iodepth=64" \
+			"fio --name=c --ioengine=rdma --hostname=$addr --port=7720 --rw=write --bs=64k --size=4m --iodepth=4 --verb=send" \
+			"WRITE: bw="
+	fi
+	if have qperf; then
+		# one qperf server for every test; -cm1 connects with rdma_cm
+		$sp timeout 120 $RUN qperf >"$tmp/s" 2>&1 &
+		spid=$!
+		sleep 1
+		for t in rc_lat rc_bw rc_rdma_write_bw rc_rdma_read_bw; do
+			out=$($cp timeout 30 $RUN qperf -cm1 -t 1 $addr $t 2>&1); crc=$?
+			if [ $crc -eq 0 ] && echo "$out" | grep -q 'latency\|bw'; then
+				ok "qperf -cm1 $t ($where): $(echo "$out" | tail -1 | tr -s ' ')"
+			else bad "qperf -cm1 $t ($where)" "rc $crc: $(echo "$out" | tr '\n' '|')"; fi
+		done
+		kill $spid 2>/dev/null; wait $spid 2>/dev/null
+	fi
+	if have fi_pingpong; then
+		# libfabric's verbs provider connects its msg endpoints, and
+		# ofi_rxm's, with rdma_cm
+		pair "fi_pingpong -p verbs -e msg ($where)" "$sp" "$cp" \
+			"fi_pingpong -p verbs -e msg -I 100" \
+			"fi_pingpong -p verbs -e msg -I 100 $addr" "^1m "
+		pair "fi_pingpong -p 'verbs;ofi_rxm' -e rdm ($where)" "$sp" "$cp" \
+			"fi_pingpong -p verbs;ofi_rxm -e rdm -I 100" \
+			"fi_pingpong -p verbs;ofi_rxm -e rdm -I 100 $addr" "^1m "
+	fi
+	if have io_demo; then
+		# UCX's client/server API (ucp_listener, ucp_ep by sockaddr)
+		# with rdma_cm as its only connection manager and rc_verbs for
+		# the data; -q checks every byte
+		ucx="env UCX_SOCKADDR_TLS_PRIORITY=rdmacm UCX_NET_DEVICES=ursa0:1 UCX_TLS=rc_verbs,ud_verbs,self"
+		$sp timeout 60 $RUN $ucx io_demo -p 7721 -q -d 1024:65536 >"$tmp/s" 2>&1 &
+		spid=$!
+		sleep 1
+		$cp timeout 50 $RUN $ucx io_demo -p 7721 -q -i 2000 -o read,write -d 1024:65536 $addr \
+			>"$tmp/c" 2>&1; crc=$?
+		kill $spid 2>/dev/null; wait $spid 2>/dev/null
+		if [ $crc -eq 0 ] && grep -q "total:2000 .*read.*write" "$tmp/c" &&
+		   grep -q "Client exit with status 'OK'" "$tmp/c"; then
+			ok "UCX io_demo over the rdmacm CM, 2000 checked reads and writes ($where)"
+		else bad "UCX io_demo over the rdmacm CM ($where)" "client $crc: $(grep -i 'error\|fail\|total' "$tmp/c" | head -3 | tr '\n' '|')"; fi
 	fi
 }
 
