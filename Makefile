@@ -100,9 +100,10 @@ APP_LDFLAGS := $(LDFLAGS) -L$(BUILD)/lib -Wl,-rpath-link,$(BUILD)/lib
 
 # The ursa command finds ursa's library next to itself (build tree:
 # ../lib, installed: ../lib/ursa), never the system's libibverbs.
-$(BUILD)/bin/ursa: tools/ursa.c tools/setup.c tools/setup.h $(LIB) $(BUILD)/lib/libibverbs.so
+$(BUILD)/bin/ursa: tools/ursa.c tools/setup.c tools/setup.h src/proto/cm.c src/proto/cm.h \
+		$(LIB) $(BUILD)/lib/libibverbs.so
 	@mkdir -p $(dir $@)
-	$(CC) $(APP_CFLAGS) tools/ursa.c tools/setup.c -o $@ $(APP_LDFLAGS) \
+	$(CC) $(APP_CFLAGS) tools/ursa.c tools/setup.c src/proto/cm.c -o $@ $(APP_LDFLAGS) \
 		-Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/../lib/ursa' -libverbs
 
 # The case study: a key-value store on verbs (apps/kv).

@@ -7,6 +7,7 @@
  *   ursa devinfo            the device, its port, GIDs and limits
  *   ursa demo               two QPs: registration, keys, zero-copy transfers
  *   ursa mr SIZE [--thp|--odp|--shared]   register SIZE bytes, print the table
+ *   ursa cm                 rdma_cm listeners and connections of this host
  *   ursa run -- PROG ARGS   run PROG with ursa's libibverbs.so.1
  *   ursa setup [--undo]     the same for every program of the host (root)
  *   ursa version
@@ -23,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -30,6 +33,7 @@
 #include <infiniband/verbs.h>
 #include <ursa/ursa.h>
 
+#include "../src/proto/cm.h"
 #include "setup.h"
 
 static void usage(FILE *f)
@@ -45,6 +49,8 @@ static void usage(FILE *f)
 		"                          its translation table (--thp: ask for huge pages,\n"
 		"                          --odp: register on demand, without pinning,\n"
 		"                          --shared: memory from ursa_mem_alloc)\n"
+		"  cm                      rdma_cm listeners and connections of this\n"
+		"                          host: state, peer, QPNs, MAD counts\n"
 		"  run -- PROG [ARGS]      run PROG on ursa (sets LD_LIBRARY_PATH, and\n"
 		"                          LD_PRELOAD for the device's sysfs tree)\n"
 		"  stats -- PROG [ARGS]    the same, and print ursa's counters (per QP\n"
@@ -535,6 +541,194 @@ static void asan_first(void)
 		env_prepend("LD_PRELOAD", asan, true);
 }
 
+/* --- ursa cm ------------------------------------------------------------ */
+
+/* One rdma_cm socket of this network namespace: its name in
+ * /proc/net/unix, and what its owner answered (if it did). */
+struct cm_sock {
+	bool listener;
+	uint64_t key;		/* service ID or comm ID */
+	bool answered;
+	struct cm_info in;
+};
+
+static int cm_list(struct cm_sock *v, int max)
+{
+	FILE *f = fopen("/proc/net/unix", "r");
+	char line[512];
+	int n = 0;
+
+	while (f && n < max && fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, "@ursa/cm/");
+
+		if (!p || (p[9] != 's' && p[9] != 'c') || p[10] != '/')
+			continue;
+		v[n] = (struct cm_sock){ .listener = p[9] == 's',
+					 .key = strtoull(p + 11, NULL, 16) };
+		n++;
+	}
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/* Ask every owner; answers come within 200 ms or not at all (another
+ * user's processes do not answer) */
+static void cm_ask(struct cm_sock *v, int n)
+{
+	struct sockaddr_un me = { .sun_family = AF_UNIX };
+	uint32_t q = CM_QUERY_MAGIC;
+	struct timeval tv = { .tv_usec = 200000 };
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	struct cm_info in;
+
+	/* an autobound abstract name: the owners answer to it */
+	if (fd < 0 || bind(fd, (struct sockaddr *)&me, sizeof(sa_family_t)))
+		goto out;
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	for (int i = 0; i < n; i++) {
+		struct sockaddr_un sa;
+		socklen_t sl = cm_route_addr(&sa, v[i].key, v[i].listener);
+
+		sendto(fd, &q, sizeof(q), MSG_DONTWAIT, (struct sockaddr *)&sa, sl);
+	}
+	for (int got = 0; got < n;) {
+		struct sockaddr_un from;
+		socklen_t fl = sizeof(from);
+		ssize_t k = recvfrom(fd, &in, sizeof(in), 0,
+				     (struct sockaddr *)&from, &fl);
+
+		if (k < 0)
+			break;		/* the 200 ms are over */
+		if (k != sizeof(in) || in.magic != CM_INFO_MAGIC)
+			continue;
+		for (int i = 0; i < n; i++) {
+			struct sockaddr_un sa;
+			socklen_t sl = cm_route_addr(&sa, v[i].key, v[i].listener);
+
+			if (!v[i].answered && sl == fl && !memcmp(&sa, &from, sl)) {
+				v[i].answered = true;
+				v[i].in = in;
+				got++;
+			}
+		}
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+}
+
+static const char *ps_name(unsigned ps)
+{
+	switch (ps) {
+	case 0x0002: return "IPOIB";
+	case 0x0106: return "TCP";
+	case 0x0111: return "UDP";
+	case 0x013f: return "IB";
+	default: return "?";
+	}
+}
+
+static void gid_ip(const uint8_t g[16], char *s, size_t n)
+{
+	static const uint8_t v4[12] = { [10] = 0xff, [11] = 0xff };
+
+	if (!memcmp(g, v4, 12))
+		inet_ntop(AF_INET, g + 12, s, (socklen_t)n);
+	else
+		inet_ntop(AF_INET6, g, s, (socklen_t)n);
+}
+
+static void comm_of(int pid, char *s, size_t n)
+{
+	char p[64];
+	FILE *f;
+
+	snprintf(p, sizeof(p), "/proc/%d/comm", pid);
+	f = fopen(p, "r");
+	if (!f || !fgets(s, (int)n, f))
+		snprintf(s, n, "?");
+	s[strcspn(s, "\n")] = 0;
+	if (f)
+		fclose(f);
+}
+
+/* The rdma_cm listeners and connections of this network namespace (every
+ * ursa process's, as /proc/net/unix lists their sockets); the owners of
+ * the same user (all, for root) say their state, peer, QPNs and counts. */
+static int cmd_cm(void)
+{
+	enum { MAX = 4096 };
+	struct cm_sock *v = calloc(MAX, sizeof(*v));
+	int n, nl = 0, nc = 0, quiet = 0;
+
+	if (!v)
+		return 1;
+	n = cm_list(v, MAX);
+	cm_ask(v, n);
+	for (int i = 0; i < n; i++)
+		v[i].listener ? nl++ : nc++;
+	printf("rdma_cm in this network namespace: %d port%s held (listeners and active ids), %d connection%s\n",
+	       nl, nl == 1 ? "" : "s", nc, nc == 1 ? "" : "s");
+	if (n)
+		printf("  %-10s %-10s %-14s %-21s %-19s %-33s %s\n", "kind", "port",
+		       "state", "comm IDs (us/peer)", "QPN -> peer QPN",
+		       "address -> peer", "process");
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < n; i++) {
+			const struct cm_info *in = &v[i].in;
+			char port[24], ids[24], qpn[24], addr[104], a[48], b[48];
+			char comm[32];
+
+			if (v[i].listener != !pass)
+				continue;
+			if (!v[i].answered) {
+				quiet++;
+				if (v[i].listener)
+					snprintf(port, sizeof(port), "%s:%u",
+						 ps_name((unsigned)(v[i].key >> 16)),
+						 (unsigned)(v[i].key & 0xffff));
+				else
+					snprintf(port, sizeof(port), "-");
+				printf("  %-10s %-10s %-14s 0x%08" PRIx64 "\n",
+				       v[i].listener ? "listener" : "connection",
+				       port, "(no answer)", v[i].listener ? 0 : v[i].key);
+				continue;
+			}
+			snprintf(port, sizeof(port), "%s:%u", ps_name(in->ps), in->port);
+			snprintf(ids, sizeof(ids), "0x%08x/0x%08x", in->local_id,
+				 in->remote_id);
+			snprintf(qpn, sizeof(qpn), "0x%06x -> 0x%06x", in->qpn, in->rqpn);
+			gid_ip(in->src, a, sizeof(a));
+			gid_ip(in->dst, b, sizeof(b));
+			snprintf(addr, sizeof(addr), "%s -> %s", a, b);
+			comm_of(in->pid, comm, sizeof(comm));
+			/* an active id holds its port's name too */
+			printf("  %-10s %-10s %-14s %-21s %-19s %-33s %d %s\n",
+			       !v[i].listener ? "connection" :
+			       strcmp(in->state, "listen") ? "port" : "listener", port,
+			       in->state, v[i].listener ? "-" : ids,
+			       v[i].listener ? "-" : qpn,
+			       v[i].listener ? a : addr, in->pid, comm);
+		}
+	}
+	/* each answering process's CM counters, once */
+	for (int i = 0; i < n; i++) {
+		bool seen = false;
+
+		for (int j = 0; j < i && !seen; j++)
+			seen = v[j].answered && v[j].in.pid == v[i].in.pid;
+		if (!v[i].answered || seen)
+			continue;
+		printf("  pid %d: MADs taken %u, sent %u (retransmissions too), refused from other users %u\n",
+		       v[i].in.pid, v[i].in.mads_rx, v[i].in.mads_tx, v[i].in.refused);
+	}
+	if (quiet)
+		printf("  (%d without an answer: another user's, or busy)\n", quiet);
+	free(v);
+	return 0;
+}
+
 /* ursa run: ursa's libibverbs (and provider stand-ins) first on the
  * library path, and libursa-preload.so, which shows the device's sysfs
  * tree and /dev/infiniband node (src/preload/sysfs_preload.c), after any
@@ -573,6 +767,8 @@ int main(int argc, char **argv)
 		return cmd_devinfo();
 	if (!strcmp(argv[1], "demo"))
 		return cmd_demo();
+	if (!strcmp(argv[1], "cm"))
+		return cmd_cm();
 	if (!strcmp(argv[1], "mr"))
 		return cmd_mr(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "run"))

@@ -185,6 +185,11 @@ int ursa_fault_set(const char *spec);
 int ursa_cm_send(const union ibv_gid *sgid, const union ibv_gid *dgid,
 		 uint8_t tclass, const void *mad);
 
+/* The uid whose processes hold the RoCEv2 UDP port in this network
+ * namespace (they receive every CM MAD and forward it to its owner), or
+ * -1 if nobody holds it. */
+long ursa_roce_port_uid(void);
+
 /* Set port 1 to IBV_PORT_ACTIVE or IBV_PORT_DOWN; every open context gets
  * IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR. For testing applications. */
 int ursa_port_set_state(struct ibv_context *ctx, enum ibv_port_state state);

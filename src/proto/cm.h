@@ -157,6 +157,25 @@ struct cm_fwd {
 	uint8_t mad[CM_MAD_LEN];
 };
 
+/*
+ * `ursa cm` asks the owner of a CM socket what it holds: a datagram of
+ * the 4-byte query magic, answered (to the asker's own address, and only
+ * if it is the owner's user or root) with a struct cm_info.
+ */
+#define CM_QUERY_MAGIC 0x75726371u	/* "urcq" */
+#define CM_INFO_MAGIC 0x75726369u	/* "urci" */
+struct cm_info {
+	uint32_t magic;
+	int32_t pid;
+	uint32_t local_id, remote_id;	/* comm IDs (0: none yet) */
+	uint32_t qpn, rqpn;		/* the id's QP, the peer's */
+	uint16_t ps, port;		/* port space, port (host order) */
+	char state[16];
+	uint8_t src[16], dst[16];	/* GIDs (a listener: its bound one) */
+	uint32_t mads_rx, mads_tx;	/* the owner process's CM: taken, sent */
+	uint32_t refused;		/* MADs from untrusted users dropped */
+};
+
 /* IB CM time encoding 4.096 us * 2^t, in ms as the kernel rounds it */
 static inline unsigned cm_ms(unsigned t)
 {

@@ -60,6 +60,9 @@ static const char *attr_name(uint16_t a)
 	return a >= CM_REQ && a <= CM_SIDR_REP ? n[a - CM_REQ] : "?";
 }
 
+/* this process's MADs: taken, sent (retransmissions too), refused */
+static _Atomic uint32_t n_rx, n_tx, n_refused;
+
 static void trace(const char *dir, const struct cm_msg *m)
 {
 	if (cfg_trace)
@@ -107,7 +110,9 @@ static int bind_name(uint64_t key, bool by_sid)
 
 	if (fd < 0)
 		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sl)) {
+	/* the sender's credentials come with every datagram (on_fd) */
+	if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &(int){ 1 }, sizeof(int)) ||
+	    bind(fd, (struct sockaddr *)&sa, sl)) {
 		int e = errno;
 
 		close(fd);
@@ -191,6 +196,7 @@ static int send_msg(struct cma_id *id, const struct cm_msg *m, bool keep,
 	}
 	r = ursa_cm_send(&id->id.route.addr.addr.ibaddr.sgid,
 			 &id->id.route.addr.addr.ibaddr.dgid, id->tos, mad);
+	n_tx++;
 	/* a lost send is a lost packet: the retransmission covers it */
 	return keep ? 0 : r;
 }
@@ -725,22 +731,126 @@ static void on_comm(struct cma_id *id, const struct cm_msg *m)
 	}
 }
 
+/*
+ * Who may hand this process a CM MAD: its own user, root, or the user
+ * whose processes hold the RoCEv2 port (they receive every MAD of the
+ * host and forward it). The socket names are public (/proc/net/unix
+ * lists them, comm IDs included), so without this any local user could
+ * end another user's connections with a forged DREQ or REJ; now only
+ * the port's holders can, who see every packet anyway. The holder is
+ * looked up at most once a second.
+ */
+static bool sender_trusted(uid_t u)
+{
+	static uint64_t at;
+	static long holder = -1;
+	uint64_t now;
+
+	if (u == geteuid() || u == 0)
+		return true;
+	now = now_ns();
+	if (!at || now - at > 1000000000ull) {
+		holder = ursa_roce_port_uid();
+		at = now;
+	}
+	return holder >= 0 && (uid_t)holder == u;
+}
+
+/* One datagram, its sender's address and uid; its length, or -1 */
+static ssize_t recv_cred(int fd, struct cm_fwd *f, struct sockaddr_un *from,
+			 socklen_t *fl, uid_t *uid)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(struct ucred))];
+	} c;
+	struct iovec v = { f, sizeof(*f) };
+	struct msghdr mh = { .msg_name = from, .msg_namelen = sizeof(*from),
+			     .msg_iov = &v, .msg_iovlen = 1,
+			     .msg_control = c.b, .msg_controllen = sizeof(c.b) };
+	ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	struct cmsghdr *h;
+
+	*uid = (uid_t)-1;	/* no credentials: nobody */
+	for (h = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; h; h = CMSG_NXTHDR(&mh, h))
+		if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_CREDENTIALS &&
+		    h->cmsg_len == CMSG_LEN(sizeof(struct ucred)))
+			*uid = ((struct ucred *)(void *)CMSG_DATA(h))->uid;
+	*fl = mh.msg_namelen;
+	return n;
+}
+
+static const char *const state_names[] = {
+	[CS_IDLE] = "idle", [CS_BOUND] = "bound", [CS_ADDR] = "addr-resolved",
+	[CS_ROUTE] = "route-resolved", [CS_LISTEN] = "listen",
+	[CS_REQ_SENT] = "req-sent", [CS_REP_RCVD] = "rep-rcvd",
+	[CS_REQ_RCVD] = "req-rcvd", [CS_REP_SENT] = "rep-sent",
+	[CS_SIDR_SENT] = "sidr-req-sent", [CS_ESTABLISHED] = "established",
+	[CS_DREQ_SENT] = "dreq-sent", [CS_DREQ_RCVD] = "dreq-rcvd",
+	[CS_DISCONNECTED] = "disconnected",
+};
+
+/* `ursa cm` asks what the id of this socket holds (the same user or
+ * root only: the answer names addresses and QPNs) */
+static void answer_query(const struct cma_id *id, int fd,
+			 const struct sockaddr_un *to, socklen_t tl, uid_t uid)
+{
+	struct cm_info in = { .magic = CM_INFO_MAGIC, .pid = (int32_t)getpid() };
+
+	if ((uid != geteuid() && uid != 0) || tl <= sizeof(sa_family_t))
+		return;
+	in.local_id = id->lcid;
+	in.remote_id = id->rcid;
+	in.qpn = id->id.qp ? id->id.qp->qp_num : 0;
+	in.rqpn = id->rqpn;
+	in.ps = (uint16_t)id->id.ps;
+	in.port = id->port;
+	snprintf(in.state, sizeof(in.state), "%s",
+		 (unsigned)id->state < sizeof(state_names) / sizeof(state_names[0]) ?
+		 state_names[id->state] : "?");
+	memcpy(in.src, id->id.route.addr.addr.ibaddr.sgid.raw, 16);
+	memcpy(in.dst, id->id.route.addr.addr.ibaddr.dgid.raw, 16);
+	in.mads_rx = n_rx;
+	in.mads_tx = n_tx;
+	in.refused = n_refused;
+	sendto(fd, &in, sizeof(in), MSG_DONTWAIT, (const struct sockaddr *)to, tl);
+}
+
 static void on_fd(int fd)
 {
 	struct cm_fwd f;
 	struct cm_msg m;
+	struct sockaddr_un from;
+	socklen_t fl;
 	ssize_t n;
+	uid_t uid;
 
-	while ((n = recv(fd, &f, sizeof(f), MSG_DONTWAIT)) >= 0) {
+	while ((n = recv_cred(fd, &f, &from, &fl, &uid)) >= 0) {
 		struct cma_id *id;
 
+		if (n == sizeof(uint32_t) && f.magic == CM_QUERY_MAGIC) {
+			for (id = cma_ids; id; id = id->next)
+				if ((id->sfd == fd || id->cfd == fd) && !id->destroying)
+					break;
+			if (id)
+				answer_query(id, fd, &from, fl, uid);
+			continue;
+		}
 		if ((size_t)n != sizeof(f) || f.magic != CM_FWD_MAGIC ||
 		    cm_parse(f.mad, sizeof(f.mad), &m))
 			continue;	/* not a CM message: nothing to do */
+		if (!sender_trusted(uid)) {
+			n_refused++;
+			if (cfg_trace)
+				fprintf(stderr, "ursa cm: pid %d drops a %s from uid %d: not the port's holder\n",
+					(int)getpid(), attr_name(m.attr), (int)uid);
+			continue;
+		}
 		for (id = cma_ids; id; id = id->next)
 			if (id->sfd == fd || id->cfd == fd)
 				break;
 		trace("recv", &m);
+		n_rx++;
 		if (!id || id->destroying)
 			continue;
 		if (id->sfd == fd) {
@@ -768,6 +878,7 @@ static uint64_t timers(void)
 			continue;
 		if (id->out_due <= now) {
 			if (--id->out_left > 0) {
+				n_tx++;
 				ursa_cm_send(&id->id.route.addr.addr.ibaddr.sgid,
 					     &id->id.route.addr.addr.ibaddr.dgid,
 					     id->tos, id->out);

@@ -33,6 +33,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "../../include/ursa/ursa.h"
 #include "../proto/roce.h"
 
 /* Packets in flight per QP, at most: WINDOW_BYTES of payload, and half
@@ -885,27 +886,41 @@ static int open6(void)
 	return fd;
 }
 
-/* The uid owning a socket bound to UDP port (IPv4), from /proc/net/udp;
- * -1 if none is listed. */
+/* The uid owning a socket bound to UDP port, from /proc/net/udp (IPv4)
+ * or else /proc/net/udp6; -1 if none is listed. */
 static long port_holder(uint16_t port)
 {
-	FILE *f = fopen("/proc/net/udp", "re");
-	char line[256];
+	static const char *const files[] = { "/proc/net/udp", "/proc/net/udp6" };
 	long uid = -1;
 
-	if (!f)
-		return -1;
-	while (uid < 0 && fgets(line, sizeof(line), f)) {
-		unsigned int lport;
-		unsigned long u;
+	for (unsigned i = 0; i < 2 && uid < 0; i++) {
+		FILE *f = fopen(files[i], "re");
+		char line[512];
 
-		/* sl local rem st tx:rx tr:tm retrnsmt uid ... */
-		if (sscanf(line, " %*d: %*x:%x %*x:%*x %*x %*x:%*x %*x:%*x %*x %lu",
-			   &lport, &u) == 2 && lport == port)
-			uid = (long)u;
+		while (f && uid < 0 && fgets(line, sizeof(line), f)) {
+			unsigned int lport;
+			unsigned long u;
+
+			/* sl local rem st tx:rx tr:tm retrnsmt uid ...
+			 * (addresses in hex, 8 or 32 digits) */
+			if (sscanf(line, " %*d: %*x:%x %*x:%*x %*x %*x:%*x %*x:%*x %*x %lu",
+				   &lport, &u) == 2 && lport == port)
+				uid = (long)u;
+		}
+		if (f)
+			fclose(f);
 	}
-	fclose(f);
 	return uid;
+}
+
+URSA_EXPORT long ursa_roce_port_uid(void)
+{
+	uint16_t port = U.port;
+
+	if (!port)	/* no context yet: the port one would take */
+		port = (uint16_t)ursa_env_long("URSA_UDP_PORT", ROCE_UDP_PORT,
+					       1, 65535);
+	return port_holder(port);
 }
 
 int ursa_udp_fd(void)

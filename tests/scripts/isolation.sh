@@ -135,6 +135,40 @@ wait $xs; xrs=$?
 	ok "two users' QPs reach each other on purpose (checked ping-pong)" ||
 	bad "cross-user pair" "client $xrc server $xrs: $(tail -n 2 "$tmp/xc" "$tmp/xs" | tr '\n' ' ')"
 
+# rdma_cm: the connection sockets' names show every comm ID to every user
+# (/proc/net/unix), so another user forges DREQs and REJs for all of them
+# (tests/tools/cm_forge.c); the victim's rping connection must live on.
+# The same forgeries from the victim's own user end a connection: they
+# would work, if the CM took them from anyone.
+if command -v rping >/dev/null &&
+   cc -O2 -Wall -Wextra -Werror -D_GNU_SOURCE -I"$SRC/include" -o "$tmp/cmf" \
+	"$SRC/tests/tools/cm_forge.c" "$SRC/src/proto/cm.c"; then
+	ips="127.0.0.1 $(hostname -I 2>/dev/null | tr ' ' '\n' | grep -v : | tr '\n' ' ')"
+	cm_victim() {	# PORT FORGER: a victim pair, a forger; the pings done
+		as $V $RUN timeout 60 rping -s -a 127.0.0.1 -p $1 -C 10000 >"$tmp/rs" 2>&1 &
+		sleep 0.5
+		before=$(grep -c '@ursa/cm/c/' /proc/net/unix)
+		as $V $RUN timeout 60 rping -c -a 127.0.0.1 -p $1 -C 10000 -v >"$tmp/rc" 2>&1 &
+		rcp=$!
+		for _ in $(seq 50); do
+			[ "$(grep -c '@ursa/cm/c/' /proc/net/unix)" -ge $((before + 2)) ] && break
+			sleep 0.1
+		done
+		as $2 "$tmp/cmf" $ips >"$tmp/forge" 2>&1
+		wait $rcp
+		pings=$(grep -c 'ping data' "$tmp/rc")
+		pkill -u $V -f "rping -s -a 127.0.0.1 -p $1" 2>/dev/null
+	}
+	cm_victim 18664 $A
+	if [ "$pings" = 10000 ] && grep -q '[1-9][0-9]* forged' "$tmp/forge"; then
+		ok "another user's forged DREQs and REJs do not end an rdma_cm connection ($(cat "$tmp/forge"))"
+	else bad "forged CM messages from another user" "$pings of 10000 pings: $(tail -2 "$tmp/rc" | tr '\n' '|') forge: $(cat "$tmp/forge")"; fi
+	cm_victim 18665 $V
+	if [ "$pings" -lt 10000 ]; then
+		ok "the same forgeries from the victim's own user end it (after $pings pings)"
+	else bad "forged CM messages from the victim's user" "the connection lived: $(cat "$tmp/forge")"; fi
+fi
+
 # RoCEv2 with two users on one host: the port's reuseport group belongs to
 # the first user's processes (the kernel keeps groups per user); the
 # other user's processes send from their own sockets and receive through

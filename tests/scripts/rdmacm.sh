@@ -206,6 +206,28 @@ if have rping; then
 	else bad "server killed while connected: the client ends" "rc $rc: $(tail -3 "$tmp/c" | tr '\n' '|')"; fi
 fi
 
+# ursa cm: a listener and both ends of one connection, seen from outside;
+# each end names the other's comm ID and QPN
+if have rping; then
+	timeout 30 $RUN rping -s -a 127.0.0.1 -p 7995 -C 40000 >/dev/null 2>&1 &
+	sleep 0.5
+	timeout 30 $RUN rping -c -a 127.0.0.1 -p 7995 -C 40000 >/dev/null 2>&1 &
+	cpid=$!
+	sleep 1
+	"$URSA" cm >"$tmp/cm" 2>&1
+	kill $cpid 2>/dev/null; wait $cpid 2>/dev/null
+	pkill -f 'rping -s -a 127.0.0.1 -p 7995' 2>/dev/null
+	conns=$(grep -c '^  connection TCP:[0-9]* *established' "$tmp/cm")
+	mirror=$(awk '$1 == "connection" && $3 == "established" {
+		split($4, c, "/"); ids[c[1]] = c[2]; q[$5] = $7 }
+		END { n = 0; for (a in ids) if (ids[ids[a]] == a) n++;
+		      for (a in q) if (q[q[a]] == a) n++; print n }' "$tmp/cm")
+	if grep -q '^  listener   TCP:7995 *listen' "$tmp/cm" && [ "$conns" -ge 2 ] &&
+	   [ "$mirror" -ge 4 ] && grep -q 'MADs taken [1-9]' "$tmp/cm"; then
+		ok "ursa cm shows the listener and both ends, comm IDs and QPNs mirrored"
+	else bad "ursa cm" "$(tr '\n' '|' <"$tmp/cm")"; fi
+fi
+
 if have rstream; then
 	out=$(timeout 20 $RUN rstream -s 127.0.0.1 -p 7997 -S 1000 -C 1 2>&1); rc=$?
 	if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q 'rconnect\|rpoll'; then
