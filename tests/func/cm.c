@@ -3,10 +3,12 @@
  * cm.c - ursa's librdmacm through its API, with both ends in this process
  * (and another process where the test is about processes): private data
  * and rejects, a port nobody listens on, ports unique across processes,
- * a hundred connections with nothing leaked, and CM MADs that are
+ * a hundred connections with nothing leaked (descriptors, QPNs, CM
+ * sockets, heap), and CM MADs that are
  * malformed or for nobody, which are dropped or answered and counted.
  */
 #include <dirent.h>
+#include <malloc.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <rdma/rdma_cma.h>
@@ -245,14 +247,33 @@ out:
 	return r;
 }
 
+/* Names in /proc/net/unix that start with prefix: QPs ("@ursa/qp/", one
+ * per live QPN of the namespace) and CM connections ("@ursa/cm/c/") */
+static int unix_names(const char *prefix)
+{
+	FILE *f = fopen("/proc/net/unix", "r");
+	char line[512];
+	int n = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, prefix) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
 static int test_hundred_connections_no_leak(void)
 {
 	struct side s = { 0 };
-	int fds;
+	int fds, qpns, conns;
+	size_t heap;
 
 	REQUIRE(!listener(&s, 7304));
 	REQUIRE(!one_connection(&s, 7304));	/* (the device opens once) */
 	fds = open_fds();
+	qpns = unix_names("@ursa/qp/");
+	conns = unix_names("@ursa/cm/c/");
+	heap = mallinfo2().uordblks;
 	for (int i = 0; i < 100; i++)
 		if (one_connection(&s, 7304)) {
 			harness_fail(__FILE__, __LINE__, "one_connection",
@@ -260,6 +281,11 @@ static int test_hundred_connections_no_leak(void)
 			break;
 		}
 	EXPECT_EQ(open_fds(), fds);
+	EXPECT_EQ(unix_names("@ursa/qp/"), qpns);	/* every QPN given back */
+	EXPECT_EQ(unix_names("@ursa/cm/c/"), conns);
+	/* (a few allocations may stay cached; 100 leaked connections
+	 * would be far more: ids, events, QPs of kilobytes each) */
+	EXPECT_TRUE(mallinfo2().uordblks < heap + 32 * 1024);
 	side_done(&s);
 	return TEST_PASS;
 }
@@ -355,7 +381,7 @@ int main(int argc, char **argv)
 		TEST_ENTRY(reject_private_data, "REJ 28 with the listener's private data"),
 		TEST_ENTRY(closed_port_rejected, "no listener: REJECTED status 8"),
 		TEST_ENTRY(port_unique_across_processes, "EADDRINUSE from another process"),
-		TEST_ENTRY(hundred_connections_no_leak, "100 connect/disconnect, same fds"),
+		TEST_ENTRY(hundred_connections_no_leak, "100 connect/disconnect: same fds, QPNs, heap"),
 		TEST_ENTRY(bad_mads_dropped_and_counted, "malformed and orphan MADs"),
 		TEST_ENTRY(sync_errno, "synchronous ids, librdmacm's errno"),
 	};

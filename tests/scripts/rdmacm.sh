@@ -5,8 +5,8 @@
 # manager) on ursa's librdmacm.so.1, as server/client process pairs
 # started through `ursa run`, on one host and between two hosts made of
 # network namespaces; and the bad flows: a connect to a port nobody
-# listens on, a listener killed during the handshake. Prints "N passed,
-# N failed, N skipped".
+# listens on, a listener killed during the handshake, a server killed
+# while connected. Prints "N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 LIB="$(cd "$BUILD/lib" && pwd)"
 URSA="$(cd "$BUILD/bin" && pwd)/ursa"
@@ -171,7 +171,10 @@ cases() {
 		$cp timeout 50 $RUN $ucx io_demo -p 7721 -q -i 2000 -o read,write -d 1024:65536 $addr \
 			>"$tmp/c" 2>&1; crc=$?
 		kill $spid 2>/dev/null; wait $spid 2>/dev/null
-		if [ $crc -eq 0 ] && grep -q "total:2000 .*read.*write" "$tmp/c" &&
+		# (each report line counts its own interval)
+		ios=$(sed -n 's/.*\[DEMO\] total min:[0-9]* max:[0-9]* total:\([0-9]*\) .*/\1/p' "$tmp/c" |
+		      awk '{ s += $1 } END { print s + 0 }')
+		if [ $crc -eq 0 ] && [ "$ios" = 2000 ] &&
 		   grep -q "Client exit with status 'OK'" "$tmp/c"; then
 			ok "UCX io_demo over the rdmacm CM, 2000 checked reads and writes ($where)"
 		else bad "UCX io_demo over the rdmacm CM ($where)" "client $crc: $(grep -i 'error\|fail\|total' "$tmp/c" | head -3 | tr '\n' '|')"; fi
@@ -204,6 +207,27 @@ if have rping; then
 	if [ $rc -ne 124 ] && grep -q 'DISCONNECT EVENT\|completion failed status' "$tmp/c"; then
 		ok "server killed while connected: the client ends ($(grep -o 'DISCONNECT EVENT\|completion failed status [0-9]*' "$tmp/c" | head -1))"
 	else bad "server killed while connected: the client ends" "rc $rc: $(tail -3 "$tmp/c" | tr '\n' '|')"; fi
+fi
+
+# the listener stops (SIGSTOP) with the client's REQ on its way and is
+# killed (SIGKILL) in the middle of the handshake: a retransmitted REQ
+# finds nobody listening, and the client ends with REJECTED, in about the
+# REQ's timeout, not a hang
+if have rping; then
+	timeout 30 $RUN rping -s -a 127.0.0.1 -p 7994 -C 10 >"$tmp/s" 2>&1 &
+	sleep 0.5
+	lpid=$(pgrep -f '^rping -s -a 127.0.0.1 -p 7994' | head -1)
+	kill -STOP $lpid 2>/dev/null
+	t0=$(date +%s)
+	timeout 30 $RUN rping -c -a 127.0.0.1 -p 7994 -C 10 >"$tmp/c" 2>&1 &
+	cpid=$!
+	sleep 1
+	kill -9 $lpid 2>/dev/null
+	wait $cpid; rc=$?
+	dt=$(($(date +%s) - t0))
+	if [ -n "$lpid" ] && [ $rc -ne 124 ] && grep -q 'REJECTED' "$tmp/c" && [ $dt -lt 20 ]; then
+		ok "listener killed mid-handshake: the client is REJECTED after ${dt} s"
+	else bad "listener killed mid-handshake" "pid '$lpid' rc $rc after $dt s: $(tail -3 "$tmp/c" | tr '\n' '|')"; fi
 fi
 
 # ursa cm: a listener and both ends of one connection, seen from outside;
