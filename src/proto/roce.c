@@ -688,6 +688,52 @@ uint32_t roce_icrc_v4_id_delta(size_t ib_len, uint16_t id)
 	return reg;
 }
 
+void roce_id_solver_init(struct roce_id_solver *s, size_t ib_len)
+{
+	s->ib_len = ib_len;
+	s->n = 0;
+	for (int b = 0; b < 16; b++) {
+		uint32_t v = roce_icrc_v4_id_delta(ib_len, (uint16_t)(1u << b));
+		uint16_t id = (uint16_t)(1u << b);
+
+		/* reduce by the rows so far (leading bits descending) */
+		for (int i = 0; i < s->n; i++)
+			if (v & (0x80000000u >> __builtin_clz(s->row[i]))) {
+				v ^= s->row[i];
+				id ^= s->id[i];
+			}
+		if (!v)
+			continue;	/* dependent: an ambiguous ID bit */
+		/* insert, keeping the leading bits in descending order; a
+		 * row's leading bit is set in no later row's reduction */
+		int at = s->n;
+
+		while (at > 0 && __builtin_clz(s->row[at - 1]) > __builtin_clz(v)) {
+			s->row[at] = s->row[at - 1];
+			s->id[at] = s->id[at - 1];
+			at--;
+		}
+		s->row[at] = v;
+		s->id[at] = id;
+		s->n++;
+	}
+}
+
+int roce_id_solve(const struct roce_id_solver *s, uint32_t x, uint16_t *id)
+{
+	uint16_t r = 0;
+
+	for (int i = 0; i < s->n; i++)
+		if (x & (0x80000000u >> __builtin_clz(s->row[i]))) {
+			x ^= s->row[i];
+			r ^= s->id[i];
+		}
+	if (x)
+		return -EBADMSG;
+	*id = r;
+	return 0;
+}
+
 void roce_icrc_put(uint8_t *dst, uint32_t icrc)
 {
 	/* least significant byte first (IBTA 7.8.1; rocev2.md 3.3) */

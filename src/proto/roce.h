@@ -179,6 +179,28 @@ uint32_t roce_icrc_get(const uint8_t *src);
  */
 uint32_t roce_icrc_v4_id_delta(size_t ib_len, uint16_t id);
 
+/*
+ * A receiver cannot see the IPv4 ID (a UDP socket hides it), and senders
+ * choose it freely: rxe a different one for every packet, NICs a
+ * counter. Linearity turns the question round: x = (ICRC with ID 0) xor
+ * (received ICRC) must be the delta of some ID, and the deltas of the 16
+ * ID bits span a 16-dimensional space of 32-bit values. The solver keeps
+ * them in echelon form for one length (16 CRC passes to build); a solve
+ * is 16 steps. It recovers the ID of a good packet and refuses x outside
+ * the span: the ICRC still catches all but 2^-16 of damaged packets
+ * (2^-32 with a known ID); the UDP checksum, when the sender sets one,
+ * and the link's CRC cover them as well.
+ */
+struct roce_id_solver {
+	size_t ib_len;
+	uint8_t n;			/* independent rows */
+	uint32_t row[16];		/* leading bits distinct, descending */
+	uint16_t id[16];		/* the ID each row is the delta of */
+};
+void roce_id_solver_init(struct roce_id_solver *s, size_t ib_len);
+/* 0 and *id, or -EBADMSG: no ID gives this ICRC (a damaged packet) */
+int roce_id_solve(const struct roce_id_solver *s, uint32_t x, uint16_t *id);
+
 /* 24-bit PSN arithmetic (IBTA 9.7.1: half the space behind is the past). */
 static inline uint32_t psn_add(uint32_t psn, uint32_t n)
 {

@@ -1264,15 +1264,23 @@ static void id_deltas(const uint32_t *d, int n, uint32_t *dk)
 		dk[k] = dk[k & (k - 1)] ^ d[__builtin_ctz((unsigned)k)];
 }
 
-/* Does a received ICRC match for one of the IDs a GSO sender uses? got is
- * the packet's ICRC, c0 the one computed with ID 0. The likely ID (the
- * packet's place in its run) first, then all, from a table of the deltas
- * for the last length (the receive path's: every caller holds U.rx). */
+/* Does a received ICRC match for some IPv4 ID? got is the packet's ICRC,
+ * c0 the one computed with ID 0. The IDs an ursa GSO sender uses first
+ * (its place in its run, then the others: an exact 32-bit check), from a
+ * table of the deltas for the last length; then any ID, as rxe and NICs
+ * choose them, solved from the ICRC (proto/roce.h: 16 bits of the check
+ * remain). Solvers are kept for the last few lengths. Every caller holds
+ * U.rx. */
 static bool icrc_match_v4(size_t ib_len, uint32_t c0, uint32_t got,
 			  unsigned likely)
 {
+	enum { SOLVERS = 8 };
 	static struct { size_t len; uint32_t dk[URSA_GSO_SEGS]; } ids;
+	static struct roce_id_solver sv[SOLVERS];
+	static unsigned sv_next;
 	uint32_t x = c0 ^ got;
+	uint16_t id;
+	unsigned i;
 
 	if (ids.len != ib_len) {
 		id_deltas(id_basis(ib_len), URSA_GSO_SEGS, ids.dk);
@@ -1280,10 +1288,16 @@ static bool icrc_match_v4(size_t ib_len, uint32_t c0, uint32_t got,
 	}
 	if (likely < URSA_GSO_SEGS && x == ids.dk[likely])
 		return true;
-	for (unsigned i = 1; i < URSA_GSO_SEGS; i++)
+	for (i = 1; i < URSA_GSO_SEGS; i++)
 		if (x == ids.dk[i])
 			return true;
-	return false;
+	for (i = 0; i < SOLVERS && sv[i].ib_len != ib_len; i++)
+		;
+	if (i == SOLVERS) {
+		i = sv_next++ % SOLVERS;
+		roce_id_solver_init(&sv[i], ib_len);
+	}
+	return !roce_id_solve(&sv[i], x, &id);
 }
 
 /* Empty (the packets are sent or dropped): nothing in it, no room taken. */
@@ -3324,7 +3338,8 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 						  buf, len - 4, len - 4, NULL, 0);
 		uint32_t got = roce_icrc_get(buf + len - 4);
 
-		/* IPv4: ID 0, or a segment of a GSO run (udp_flush) */
+		/* IPv4: ID 0, a segment of a GSO run (udp_flush), or
+		 * whatever ID another sender chose */
 		if (c0 != got) {
 			if (!is_v4(src) ||
 			    !icrc_match_v4(len - 4, c0, got, seg)) {

@@ -17,7 +17,9 @@
  *
  * KIND: write (WRITE ONLY, random rkey and address), read (READ request,
  * random rkey), nak (NAK remote access error), rnr (RNR NAK, timer 31),
- * ack (ACK), flood (SEND ONLY to random QPNs; DQPN ignored).
+ * ack (ACK), flood (SEND ONLY to random QPNs; DQPN ignored), ud (valid UD
+ * SENDs, Q_Key 0x11111111, "rxe-like N", each with a random IPv4 ID as
+ * rxe gives them).
  * Prints what it sent; exits 1 on an error, 2 on bad usage.
  */
 #include <arpa/inet.h>
@@ -113,7 +115,8 @@ static int cmd_sniff(const char *ifname, int secs)
 
 /* One forged packet: IPv4 + UDP + the transport packet p + ICRC. */
 static int forge_one(int raw, struct in_addr src, struct in_addr dst,
-		     const struct roce_pkt *p, const uint8_t *pay, uint32_t plen)
+		     const struct roce_pkt *p, const uint8_t *pay, uint32_t plen,
+		     uint16_t ip_id)
 {
 	uint8_t buf[2048];
 	struct iphdr *ip = (void *)buf;
@@ -128,7 +131,7 @@ static int forge_one(int raw, struct in_addr src, struct in_addr dst,
 	ip->version = 4;
 	ip->ihl = 5;
 	ip->tot_len = htons((uint16_t)(28 + n));
-	ip->id = 0;
+	ip->id = htons(ip_id);
 	ip->frag_off = htons(IP_DF);
 	ip->ttl = 64;
 	ip->protocol = IPPROTO_UDP;
@@ -171,6 +174,7 @@ int main(int argc, char **argv)
 	for (long i = 0; i < count; i++) {
 		struct roce_pkt p = { 0 };
 		uint32_t plen = 0;
+		uint16_t ip_id = 0;
 
 		p.pkey = ROCE_DEFAULT_PKEY;
 		p.dqpn = dqpn;
@@ -199,6 +203,15 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[1], "ack")) {
 			p.opcode = ROCE_RC | OP_ACK;
 			p.syndrome = AETH_ACK | AETH_CREDIT_INVALID;
+		} else if (!strcmp(argv[1], "ud")) {
+			/* a UD SEND as rxe sends it: any IP ID (the ICRC
+			 * covers it), Q_Key 0x11111111, numbered payload */
+			p.opcode = ROCE_UD | OP_SEND_ONLY;
+			p.qkey = 0x11111111;
+			p.sqpn = 0x123456;
+			snprintf((char *)pay, sizeof(pay), "rxe-like %ld", i);
+			plen = sizeof(pay);
+			ip_id = (uint16_t)rnd32();
 		} else if (!strcmp(argv[1], "flood")) {
 			p.opcode = ROCE_RC | OP_SEND_ONLY;
 			p.dqpn = rnd32() & 0xffffff;
@@ -208,7 +221,7 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		p.msn = rnd32() & 0xffffff;
-		if (forge_one(raw, src, dst, &p, plen ? pay : NULL, plen) == 0)
+		if (forge_one(raw, src, dst, &p, plen ? pay : NULL, plen, ip_id) == 0)
 			sent++;
 	}
 	printf("%s: %ld of %ld sent\n", argv[1], sent, count);
