@@ -42,7 +42,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit_%)
 FUNC_BIN := $(FUNC_SRC:tests/func/%.c=$(BUILD)/tests/func_%)
 HARNESS := tests/harness.c
 
-.PHONY: all test sanitize demo install clean tests bench bench-quick fuzz
+.PHONY: all test sanitize interop demo install clean tests bench bench-quick fuzz
 BENCH_BIN := $(BUILD)/bench/samehost $(BUILD)/bench/netpeer $(BUILD)/bench/regcost
 PROVIDERS := mlx5 mlx4 efa mana
 STUBS := $(PROVIDERS:%=$(BUILD)/lib/lib%.so.1)
@@ -187,6 +187,10 @@ test: all tests $(BENCH_BIN)
 
 sanitize:
 	$(MAKE) BUILD=build/asan SAN=1 test
+
+# ursa against the kernel's Soft-RoCE in a qemu guest (tests/interop/rxe.sh)
+interop: all
+	@BUILD=$(BUILD) sh tests/interop/rxe.sh
 
 demo: all
 	LD_LIBRARY_PATH=$(BUILD)/lib $(BUILD)/bin/ursa demo

@@ -2,18 +2,21 @@
 # deps.sh - make sure the Debian packages ursa needs are installed.
 # As root: installs what is missing with apt-get. Otherwise: prints the
 # exact apt-get line and fails.
-#   usage: scripts/deps.sh build|test|bench
+#   usage: scripts/deps.sh build|test|bench|interop
 # bench adds the peers and plotting tool of the benchmark report; they are
 # optional there (a missing one is noted in the report), so failing to
 # install them only warns.
 set -e
 need="gcc make libc6-dev libibverbs-dev librdmacm-dev"
-if [ "$1" = test ] || [ "$1" = bench ]; then
+if [ "$1" = test ] || [ "$1" = bench ] || [ "$1" = interop ]; then
 	need="$need ibverbs-utils perftest rdmacm-utils binutils iproute2 procps iptables tshark"
 	# the frameworks that tests/scripts/frameworks.sh runs on ursa
 	need="$need ucx-utils libucx0 openmpi-bin libopenmpi-dev mpich libmpich-dev"
 	need="$need libfabric-bin python3-pyverbs fio qperf"
 fi
+# the kernel's Soft-RoCE in a guest (tests/interop/rxe.sh; the kernel and
+# busybox packages themselves are fetched there with apt-get download)
+[ "$1" = interop ] && need="$need qemu-system-x86 kmod cpio ibverbs-providers"
 optional=""
 [ "$1" = bench ] && optional="gnuplot-nox redis-server redis-tools ethtool"
 

@@ -40,7 +40,9 @@
 #define URSA_MAX_QP_WR 16384
 #define URSA_MAX_CQE 262144
 #define URSA_MAX_QP 65536
-#define URSA_MAX_RD_ATOM 16
+/* READs and atomics outstanding per QP, either way: rxe's 128, so that
+ * perftest, which gives each side the other's count, runs against it */
+#define URSA_MAX_RD_ATOM 128
 #define URSA_MAX_SRQ_WR 16384
 #define URSA_MAX_MR_SIZE (1ull << 40)
 #define URSA_MAX_MSG_SZ (1u << 31)

@@ -61,10 +61,11 @@
 #define SOL_UDP 17
 #endif
 #define GRO_BUF 65536	/* a receive may hold a coalesced run (UDP_GRO) */
-#define ARES 16			/* saved atomic results (duplicates) */
-/* READ requests remembered (duplicates): more than a window's pieces of
- * the READs in flight, each at least one packet */
-#define RRES 64
+/* Atomic results saved and READ requests remembered, for duplicates:
+ * as many as a peer may have outstanding (max_dest_rd_atomic, IBTA
+ * 9.7.5.2.x), and more than a window's pieces of the READs in flight */
+#define ARES URSA_MAX_RD_ATOM
+#define RRES URSA_MAX_RD_ATOM
 
 struct ursa_udp_counters ursa_udp_cnt;
 
