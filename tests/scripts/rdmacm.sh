@@ -117,7 +117,7 @@ cases() {
 		skp "rsockets ($where)" "rstream not installed (scripts/deps.sh test)"
 	fi
 	if have ib_write_bw; then
-		for t in ib_write_lat ib_read_lat ib_send_lat ib_write_bw ib_read_bw ib_send_bw; do
+		for t in ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat ib_write_bw ib_read_bw ib_send_bw; do
 			pair "$t -R ($where)" "$sp" "$cp" "$t -R -F -n 200" "$t -R -F -n 200 $addr" "#bytes"
 		done
 	fi
@@ -182,10 +182,6 @@ cases() {
 }
 
 cases "one host" "" "" 127.0.0.1
-if have ib_atomic_lat; then
-	pair "ib_atomic_lat -R (one host)" "" "" "ib_atomic_lat -R -F -n 200" \
-		"ib_atomic_lat -R -F -n 200 127.0.0.1" "#bytes"
-fi
 
 # ------------------------------------------------------------- bad flows
 if have rping; then
