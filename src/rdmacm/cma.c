@@ -256,6 +256,16 @@ CMA_EXPORT const char *rdma_event_str(enum rdma_cm_event_type t)
  * ucma_complete): the event stays in id->event until the next call; its
  * status becomes errno (REJECTED: ECONNREFUSED).
  */
+/* A synchronous id's last event is acked by its next call (librdmacm's
+ * rule): this one */
+static void ack_last(struct cma_id *id)
+{
+	if (id->sync && id->id.event) {
+		rdma_ack_cm_event(id->id.event);
+		id->id.event = NULL;
+	}
+}
+
 static int complete(struct cma_id *id)
 {
 	struct rdma_cm_event *ev;
@@ -263,10 +273,7 @@ static int complete(struct cma_id *id)
 
 	if (!id->sync)
 		return 0;
-	if (id->id.event) {
-		rdma_ack_cm_event(id->id.event);
-		id->id.event = NULL;
-	}
+	ack_last(id);
 	if (rdma_get_cm_event(id->id.channel, &ev))
 		return -1;
 	id->id.event = ev;
@@ -428,10 +435,7 @@ CMA_EXPORT int rdma_destroy_id(struct rdma_cm_id *cid)
 
 	if (!id)
 		return cma_errno(-EINVAL);
-	if (id->sync && id->id.event) {
-		rdma_ack_cm_event(id->id.event);
-		id->id.event = NULL;
-	}
+	ack_last(id);
 	pthread_mutex_lock(&cma_lock);
 	id->destroying = true;
 	drop_events(id);
@@ -1020,12 +1024,7 @@ CMA_EXPORT int rdma_migrate_id(struct rdma_cm_id *cid,
 	nc = ch ? (struct cma_chan *)ch : chan_new(true);
 	if (!nc)
 		return cma_errno(-ENOMEM);
-	/* a synchronous id's last event is acked by its next call: this
-	 * one (rdma_create_ep's ids are migrated so by libfabric) */
-	if (id->sync && id->id.event) {
-		rdma_ack_cm_event(id->id.event);
-		id->id.event = NULL;
-	}
+	ack_last(id);	/* (libfabric migrates rdma_create_ep's ids) */
 	pthread_mutex_lock(&cma_lock);
 	while (id->reported != id->acked)
 		pthread_cond_wait(&cma_cond, &cma_lock);

@@ -1188,7 +1188,12 @@ static int test_modify_qp_bad_flow(void)
 	EXPECT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 				IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), EINVAL);
 	fill_av(f.ctx, &a.ah_attr);
-	a.max_dest_rd_atomic = 17;
+	{	/* one more than the device's max_qp_rd_atom */
+		struct ibv_device_attr da;
+
+		REQUIRE(ibv_query_device(f.ctx, &da) == 0 && da.max_qp_rd_atom < 255);
+		a.max_dest_rd_atomic = (uint8_t)(da.max_qp_rd_atom + 1);
+	}
 	EXPECT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 				IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), EINVAL);
 	a.max_dest_rd_atomic = 1;
