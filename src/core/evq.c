@@ -78,11 +78,11 @@ int ursa_evq_pop(struct ursa_evq *q, void **item)
 		uint64_t v;
 		ssize_t n = read(q->fd, &v, sizeof(v));
 
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
+		/* EINTR goes back to the caller, as from libibverbs' one
+		 * read(): programs stop a blocking ibv_get_cq_event with a
+		 * signal (qperf's test timer) */
+		if (n < 0)
 			return -errno;
-		}
 		pthread_mutex_lock(&q->lock);
 		if (q->count) {
 			*item = q->items[q->head];
