@@ -23,6 +23,9 @@
  * (the responder executes in PSN order, a resent atomic is answered from
  * its saved result, never applied twice); a READ at least that.
  *
+ * XFER_QP_TIMEOUT and XFER_RETRY_CNT set the QP's ACK timeout and retry
+ * count (default 14 and 7; issue 23's tighter QPs use 10 and 3).
+ *
  * --cut-check: after connecting, wait for the link to be cut (the script
  * removes the route), then post a WRITE and report the completion status
  * and how long it took (RETRY_EXC_ERR is expected).
@@ -196,6 +199,12 @@ static void ep_connect(struct ep *e, const struct info *peer, int timeout,
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
 	a.sq_psn = 0xfffff0;
+	/* XFER_QP_TIMEOUT, XFER_RETRY_CNT: the QP's ACK timeout and retry
+	 * count instead (a tighter QP than the default) */
+	if (getenv("XFER_QP_TIMEOUT"))
+		timeout = atoi(getenv("XFER_QP_TIMEOUT"));
+	if (getenv("XFER_RETRY_CNT"))
+		retry = atoi(getenv("XFER_RETRY_CNT"));
 	a.timeout = (uint8_t)timeout;
 	a.retry_cnt = (uint8_t)retry;
 	a.rnr_retry = 7;
