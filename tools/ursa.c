@@ -548,6 +548,8 @@ static void asan_first(void)
 struct cm_sock {
 	bool listener;
 	uint64_t key;		/* service ID or comm ID */
+	struct sockaddr_un sa;	/* its name, to ask and to match answers */
+	socklen_t sl;
 	bool answered;
 	struct cm_info in;
 };
@@ -565,6 +567,7 @@ static int cm_list(struct cm_sock *v, int max)
 			continue;
 		v[n] = (struct cm_sock){ .listener = p[9] == 's',
 					 .key = strtoull(p + 11, NULL, 16) };
+		v[n].sl = cm_route_addr(&v[n].sa, v[n].key, v[n].listener);
 		n++;
 	}
 	if (f)
@@ -586,12 +589,9 @@ static void cm_ask(struct cm_sock *v, int n)
 	if (fd < 0 || bind(fd, (struct sockaddr *)&me, sizeof(sa_family_t)))
 		goto out;
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	for (int i = 0; i < n; i++) {
-		struct sockaddr_un sa;
-		socklen_t sl = cm_route_addr(&sa, v[i].key, v[i].listener);
-
-		sendto(fd, &q, sizeof(q), MSG_DONTWAIT, (struct sockaddr *)&sa, sl);
-	}
+	for (int i = 0; i < n; i++)
+		sendto(fd, &q, sizeof(q), MSG_DONTWAIT,
+		       (struct sockaddr *)&v[i].sa, v[i].sl);
 	for (int got = 0; got < n;) {
 		struct sockaddr_un from;
 		socklen_t fl = sizeof(from);
@@ -603,10 +603,8 @@ static void cm_ask(struct cm_sock *v, int n)
 		if (k != sizeof(in) || in.magic != CM_INFO_MAGIC)
 			continue;
 		for (int i = 0; i < n; i++) {
-			struct sockaddr_un sa;
-			socklen_t sl = cm_route_addr(&sa, v[i].key, v[i].listener);
-
-			if (!v[i].answered && sl == fl && !memcmp(&sa, &from, sl)) {
+			if (!v[i].answered && v[i].sl == fl &&
+			    !memcmp(&v[i].sa, &from, fl)) {
 				v[i].answered = true;
 				v[i].in = in;
 				got++;
@@ -683,16 +681,19 @@ static int cmd_cm(void)
 			if (v[i].listener != !pass)
 				continue;
 			if (!v[i].answered) {
+				/* what the name tells: a port, or a comm ID */
 				quiet++;
 				if (v[i].listener)
 					snprintf(port, sizeof(port), "%s:%u",
 						 ps_name((unsigned)(v[i].key >> 16)),
 						 (unsigned)(v[i].key & 0xffff));
 				else
-					snprintf(port, sizeof(port), "-");
-				printf("  %-10s %-10s %-14s 0x%08" PRIx64 "\n",
-				       v[i].listener ? "listener" : "connection",
-				       port, "(no answer)", v[i].listener ? 0 : v[i].key);
+					snprintf(ids, sizeof(ids), "0x%08x/?",
+						 (unsigned)v[i].key);
+				printf("  %-10s %-10s %-14s %s\n",
+				       v[i].listener ? "port" : "connection",
+				       v[i].listener ? port : "-", "(no answer)",
+				       v[i].listener ? "-" : ids);
 				continue;
 			}
 			snprintf(port, sizeof(port), "%s:%u", ps_name(in->ps), in->port);

@@ -816,6 +816,17 @@ static void answer_query(const struct cma_id *id, int fd,
 	sendto(fd, &in, sizeof(in), MSG_DONTWAIT, (const struct sockaddr *)to, tl);
 }
 
+/* the id a CM socket belongs to (a listener's name, or a connection's) */
+static struct cma_id *owner_of(int fd)
+{
+	struct cma_id *id;
+
+	for (id = cma_ids; id; id = id->next)
+		if (id->sfd == fd || id->cfd == fd)
+			break;
+	return id;
+}
+
 static void on_fd(int fd)
 {
 	struct cm_fwd f;
@@ -829,10 +840,7 @@ static void on_fd(int fd)
 		struct cma_id *id;
 
 		if (n == sizeof(uint32_t) && f.magic == CM_QUERY_MAGIC) {
-			for (id = cma_ids; id; id = id->next)
-				if ((id->sfd == fd || id->cfd == fd) && !id->destroying)
-					break;
-			if (id)
+			if ((id = owner_of(fd)) && !id->destroying)
 				answer_query(id, fd, &from, fl, uid);
 			continue;
 		}
@@ -846,9 +854,7 @@ static void on_fd(int fd)
 					(int)getpid(), attr_name(m.attr), (int)uid);
 			continue;
 		}
-		for (id = cma_ids; id; id = id->next)
-			if (id->sfd == fd || id->cfd == fd)
-				break;
+		id = owner_of(fd);
 		trace("recv", &m);
 		n_rx++;
 		if (!id || id->destroying)

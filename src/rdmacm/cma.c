@@ -251,11 +251,6 @@ CMA_EXPORT const char *rdma_event_str(enum rdma_cm_event_type t)
 						      : "UNKNOWN EVENT";
 }
 
-/*
- * A sync id's call waits for the event it caused (librdmacm's
- * ucma_complete): the event stays in id->event until the next call; its
- * status becomes errno (REJECTED: ECONNREFUSED).
- */
 /* A synchronous id's last event is acked by its next call (librdmacm's
  * rule): this one */
 static void ack_last(struct cma_id *id)
@@ -266,6 +261,11 @@ static void ack_last(struct cma_id *id)
 	}
 }
 
+/*
+ * A sync id's call waits for the event it caused (librdmacm's
+ * ucma_complete): the event stays in id->event until the next call; its
+ * status becomes errno (REJECTED: ECONNREFUSED).
+ */
 static int complete(struct cma_id *id)
 {
 	struct rdma_cm_event *ev;
