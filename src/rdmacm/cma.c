@@ -676,10 +676,19 @@ CMA_EXPORT int rdma_create_qp(struct rdma_cm_id *cid, struct ibv_pd *pd,
 
 CMA_EXPORT void rdma_destroy_qp(struct rdma_cm_id *cid)
 {
-	if (!cid || !cid->qp)
+	struct ibv_qp *qp;
+
+	if (!cid)
 		return;
-	ibv_destroy_qp(cid->qp);
+	/* the CM thread reads id->qp under cma_lock (a DREQ names the QP,
+	 * a REJ moves it to the error state): take it away first */
+	pthread_mutex_lock(&cma_lock);
+	qp = cid->qp;
 	cid->qp = NULL;
+	pthread_mutex_unlock(&cma_lock);
+	if (!qp)
+		return;
+	ibv_destroy_qp(qp);
 	if (cid->send_cq) {
 		ibv_destroy_cq(cid->send_cq);
 		ibv_destroy_comp_channel(cid->send_cq_channel);
