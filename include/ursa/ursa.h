@@ -41,6 +41,12 @@ struct ursa_mr_info {
 	/* 1 if this registration took its pins and translation table back
 	 * from the registration cache (ursa_rcache_stats) */
 	int cached;
+	/* 1 once memory under the MR was unmapped or moved while it was
+	 * registered: every access through it is refused from then on (a
+	 * NIC would keep reaching the old pages; ursa refuses rather than
+	 * reach what is mapped there next). Needs userfaultfd (no root:
+	 * UFFD_USER_MODE_ONLY); without it the MR follows its addresses. */
+	int unmapped;
 };
 
 /* Describe a memory region. */

@@ -129,6 +129,7 @@ struct ursa_mr {
 	unsigned int access;
 	atomic_int state;
 	atomic_int mw_binds;	   /* windows bound to this MR */
+	atomic_bool gone;	   /* memory unmapped under it (uffd.h) */
 	struct ursa_mtt mtt;
 	uintptr_t pin_start, pin_end;	/* page-aligned pinned range, or 0 */
 	bool odp;
@@ -427,7 +428,10 @@ enum ursa_mem_err {
 	URSA_MEM_BAD_BOUNDS = -3,
 	URSA_MEM_BAD_ACCESS = -4,
 	URSA_MEM_BAD_QP = -5,	   /* type 2 window bound to another QP */
+	URSA_MEM_UNMAPPED = -6,	   /* the MR's memory was unmapped (uffd.h) */
 };
+/* [start, end) was unmapped under registered memory (uffd.h). */
+void ursa_mr_unmapped(uintptr_t start, uintptr_t end);
 int ursa_mem_local(struct ursa_pd *pd, const struct ibv_sge *sge,
 		   unsigned int need, struct ursa_mem_ref *ref);
 
@@ -441,6 +445,8 @@ static inline int ursa_mr_translate(struct ursa_mr *mr, uint64_t iova,
 	 * access at the very end names no page and needs no lookup. */
 	if (len && ursa_mtt_lookup(&mr->mtt, v) < 0)
 		return URSA_MEM_BAD_BOUNDS;
+	if (atomic_load_explicit(&mr->gone, memory_order_relaxed))
+		return URSA_MEM_UNMAPPED;
 	*va = v;
 	return URSA_MEM_OK;
 }
@@ -460,6 +466,8 @@ static inline int ursa_mr_local_check(struct ursa_mr *mr, struct ursa_pd *pd,
 	if ((need & IBV_ACCESS_LOCAL_WRITE) &&
 	    !(mr->access & IBV_ACCESS_LOCAL_WRITE))
 		return URSA_MEM_BAD_ACCESS;
+	if (atomic_load_explicit(&mr->gone, memory_order_relaxed))
+		return URSA_MEM_UNMAPPED;
 	/* No table walk, unlike a remote access (ursa_mr_translate): the
 	 * table covers every page of the MR without a gap (mtt.c builds it
 	 * so), so the bounds check has proved the entry there, and a post

@@ -15,6 +15,8 @@
  */
 #include "core.h"
 #include "pub.h"
+#include "uffd.h"
+#include "../util/fault.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -66,8 +68,10 @@ static int pin_lock(uintptr_t start, size_t len)
 	if (msync((void *)start, len, MS_ASYNC) && errno == ENOMEM)
 		return -EFAULT;
 #endif
-	if (!mlock((void *)start, len))
+	if (!mlock((void *)start, len)) {
+		ursa_uffd_watch(start, len);
 		return 0;
+	}
 	if (errno == ENOMEM && msync((void *)start, len, MS_ASYNC) &&
 	    errno == ENOMEM)
 		return -EFAULT;
@@ -76,6 +80,7 @@ static int pin_lock(uintptr_t start, size_t len)
 
 static void pin_unlock(uintptr_t start, size_t len)
 {
+	ursa_uffd_unwatch(start, len);
 	munlock((void *)start, len);
 }
 
@@ -268,6 +273,7 @@ static void dev_atfork_child(void)
 	ursa_loop_atfork_child();
 	ursa_udp_atfork_child();
 	ursa_pub_atfork_child();
+	ursa_uffd_atfork_child();
 }
 
 static void dev_init(void)
@@ -293,6 +299,8 @@ static void dev_init(void)
 	ursa_pinmap_init(&d->pins, &real_pin_ops, memlock_limit());
 	ursa_rcache_init(&d->rcache, &d->pins);
 	pthread_atfork(NULL, NULL, dev_atfork_child);
+	ursa_fault_init();
+	ursa_uffd_set_handler(ursa_mr_unmapped);
 }
 
 struct ursa_device *ursa_device_get(void)

@@ -218,3 +218,13 @@ struct ursa_keyed *ursa_keytab_get(struct ursa_keytab *kt, uint32_t key,
 	pthread_rwlock_unlock(&kt->lock);
 	return o;
 }
+
+void ursa_keytab_each(struct ursa_keytab *kt, uint8_t kind_mask,
+		      void (*fn)(struct ursa_keyed *obj, void *arg), void *arg)
+{
+	pthread_rwlock_rdlock(&kt->lock);
+	for (uint32_t i = 0; i < kt->cap; i++)
+		if (kt->slots[i].state == 1 && (kt->slots[i].kind & kind_mask))
+			fn(kt->slots[i].obj, arg);
+	pthread_rwlock_unlock(&kt->lock);
+}

@@ -67,6 +67,12 @@ int ursa_keytab_rekey(struct ursa_keytab *kt, uint32_t old_key,
 struct ursa_keyed *ursa_keytab_get(struct ursa_keytab *kt, uint32_t key,
 				   uint8_t kind_mask, uint8_t *kind);
 
+/* Call fn for every live key of a kind in kind_mask, under the shared lock:
+ * the objects cannot be removed meanwhile (fn must not take the table's
+ * lock exclusively). */
+void ursa_keytab_each(struct ursa_keytab *kt, uint8_t kind_mask,
+		      void (*fn)(struct ursa_keyed *obj, void *arg), void *arg);
+
 static inline void ursa_keyed_put(struct ursa_keyed *o)
 {
 	/* Release: our accesses to the object's memory happen before the

@@ -227,6 +227,63 @@ int ursa_mr_dereg(struct ursa_mr *mr)
 	return 0;
 }
 
+/* The MRs over [start, end), each with a reference, for ursa_mr_unmapped:
+ * collected under the key table's shared lock, handled after it. */
+struct gone_walk {
+	uintptr_t start, end;
+	struct ursa_mr **v;
+	size_t n, cap;
+};
+
+static void gone_visit(struct ursa_keyed *k, void *arg)
+{
+	struct gone_walk *w = arg;
+	struct ursa_mr *mr = container_of(k, struct ursa_mr, lk);
+
+	/* an on-demand MR follows the address space, as ODP does on a NIC */
+	if (mr->odp || !(mr->addr < w->end && w->start < mr->addr + mr->length))
+		return;
+	if (w->n == w->cap) {
+		size_t cap = w->cap ? 2 * w->cap : 16;
+		struct ursa_mr **v = realloc(w->v, cap * sizeof(*v));
+
+		if (!v)
+			return;
+		w->v = v;
+		w->cap = cap;
+	}
+	atomic_fetch_add_explicit(&k->refs, 1, memory_order_relaxed);
+	w->v[w->n++] = mr;
+}
+
+/*
+ * [start, end) is no longer mapped (uffd.h; on the watcher thread): the
+ * MRs over any part of it refuse every access from now on, local and
+ * remote, with URSA_MEM_UNMAPPED, and leave the table same-host
+ * requesters read, so none of them reaches whatever is mapped there next.
+ * A NIC would go on reaching the old pages; ursa cannot keep private
+ * pages without moving them, and refusing is the nearest safe behaviour.
+ */
+void ursa_mr_unmapped(uintptr_t start, uintptr_t end)
+{
+	struct ursa_device *dev = ursa_device_get();
+	struct gone_walk w = { start, end, NULL, 0, 0 };
+
+	if (!dev)
+		return;
+	ursa_keytab_each(&dev->keys, URSA_KEY_MR_LKEY, gone_visit, &w);
+	for (size_t i = 0; i < w.n; i++) {
+		if (!atomic_exchange(&w.v[i]->gone, true)) {
+			ursa_info("memory under MR lkey 0x%x (%#lx+%lu) unmapped while registered: its accesses are refused",
+				  w.v[i]->ibv.lkey, (unsigned long)w.v[i]->addr,
+				  (unsigned long)w.v[i]->length);
+			unpublish(w.v[i]);
+		}
+		ursa_keyed_put(&w.v[i]->lk);
+	}
+	free(w.v);
+}
+
 int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 		  void *addr, size_t length, unsigned int access)
 {
@@ -273,6 +330,7 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 		mr->cached = tmp.cached;
 		mr->shm = tmp.shm;
 		mr->addr = (uintptr_t)addr;
+		atomic_store(&mr->gone, false);
 		mr->iova = (uintptr_t)addr;
 		mr->length = length;
 		mr->ibv.addr = addr;

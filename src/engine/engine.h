@@ -148,7 +148,7 @@ struct ursa_req {
 enum ursa_why {
 	URSA_WHY_NONE = 0,
 	URSA_WHY_KEY = 1, URSA_WHY_PD, URSA_WHY_BOUNDS, URSA_WHY_ACCESS,
-	URSA_WHY_MW_QP,
+	URSA_WHY_MW_QP, URSA_WHY_UNMAPPED,	/* = -URSA_MEM_* */
 	URSA_WHY_QP_ACCESS = 0x10, URSA_WHY_ALIGN, URSA_WHY_NO_RECV,
 	URSA_WHY_RECV_SHORT, URSA_WHY_INVALIDATE, URSA_WHY_UNSUPPORTED,
 	URSA_WHY_OPCODE, URSA_WHY_NOT_READY, URSA_WHY_QKEY, URSA_WHY_UD_MTU,
@@ -213,8 +213,11 @@ uint32_t ursa_sg_slice(const struct ursa_sg *sg, uint32_t n, uint64_t off,
 void ursa_sg_copy(const struct ursa_sg *dst, uint32_t ndst,
 		  const struct ursa_sg *src, uint32_t nsrc, uint64_t len);
 /* The same when one side lives in another process (cross-memory attach:
- * process_vm_readv/writev). Skips the first skip bytes of dst. Returns 0 or
- * -errno (the peer died, or the kernel refused the access). */
+ * process_vm_readv/writev). Skips the first skip bytes of dst. Returns 0,
+ * -EFAULT when an address of this process faulted (memory unmapped while
+ * registered: util/fault.h), -EIO when cross-memory attach failed (the
+ * peer died, or the kernel refused the access), -EINVAL for lists too long
+ * to pass to the kernel. */
 int ursa_xfer(const struct ursa_sg *dst, uint32_t ndst, bool dst_remote,
 	      const struct ursa_sg *src, uint32_t nsrc, bool src_remote,
 	      pid_t peer, uint64_t skip, uint64_t len);

@@ -23,6 +23,7 @@
 #include "engine.h"
 #include "../transport/shm.h"
 #include "../transport/udp.h"
+#include "../util/fault.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -67,6 +68,7 @@ const char *ursa_why_str(uint32_t code)
 		[URSA_WHY_PEER_DEAD] = "no answer: the peer process is gone",
 		[URSA_WHY_RD_ATOMIC] = "responder has no READ/atomic resources (max_dest_rd_atomic 0)",
 		[URSA_WHY_NOT_PEER] = "dropped: the request came from a QP that is not the target's connected peer",
+		[URSA_WHY_UNMAPPED] = "registered memory is no longer mapped (unmapped or remapped while registered)",
 	};
 	static __thread char buf[160];
 	uint32_t c = code & ~(uint32_t)URSA_WHY_REMOTE;
@@ -173,9 +175,50 @@ static int cma(pid_t peer, bool write, const struct iovec *l, int nl,
 			    process_vm_readv(peer, l, (unsigned long)nl, r,
 					     (unsigned long)nr, 0);
 
-	if (n < 0)
-		return -errno;
-	return (uint64_t)n == len ? 0 : -EFAULT;
+	return n >= 0 && (uint64_t)n == len ? 0 : -EIO;
+}
+
+/* A copy between two lists of this process's memory, under a fault guard
+ * (util/fault.h): the responder's side is an MR the application may have
+ * unmapped, and a peer must not be able to crash it through that. */
+static int guarded_copy(const struct ursa_sg *d, uint32_t nd,
+			const struct ursa_sg *src, uint32_t nsrc, uint64_t len)
+{
+	struct ursa_fault g;
+
+	ursa_fault_push(&g);
+	if (sigsetjmp(g.env, 0))
+		return -EFAULT;
+	if (nd == 1 && nsrc == 1 && len <= d[0].len && len <= src[0].len)
+		/* one piece each (a RoCEv2 packet's payload into its MR):
+		 * what ursa_sg_copy would do, without the walk */
+		ursa_copy_ordered((uint8_t *)(uintptr_t)d[0].va,
+				  (const uint8_t *)(uintptr_t)src[0].va, len);
+	else
+		ursa_sg_copy(d, nd, src, nsrc, len);
+	ursa_fault_pop(&g);
+	return 0;
+}
+
+static int local_copy(const struct ursa_sg *dst, uint32_t ndst,
+		      const struct ursa_sg *src, uint32_t nsrc, uint64_t skip,
+		      uint64_t len)
+{
+	struct ursa_sg d[URSA_MAX_SGE + 1];
+	uint32_t k = 0;
+
+	/* drop the skipped prefix of dst */
+	for (uint32_t i = 0; i < ndst && k < ARRAY_SIZE(d); i++) {
+		if (skip >= dst[i].len) {
+			skip -= dst[i].len;
+			continue;
+		}
+		d[k].va = dst[i].va + skip;
+		d[k].len = dst[i].len - skip;
+		skip = 0;
+		k++;
+	}
+	return guarded_copy(d, k, src, nsrc, len);
 }
 
 int ursa_xfer(const struct ursa_sg *dst, uint32_t ndst, bool dst_remote,
@@ -187,32 +230,8 @@ int ursa_xfer(const struct ursa_sg *dst, uint32_t ndst, bool dst_remote,
 
 	if (!len)
 		return 0;
-	if (!dst_remote && !src_remote && ndst == 1 && nsrc == 1 &&
-	    skip < dst[0].len && len <= dst[0].len - skip && len <= src[0].len) {
-		/* one piece each (a RoCEv2 packet's payload into its MR):
-		 * what ursa_sg_copy would do, without the walk */
-		ursa_copy_ordered((uint8_t *)(uintptr_t)(dst[0].va + skip),
-				  (const uint8_t *)(uintptr_t)src[0].va, len);
-		return 0;
-	}
-	if (!dst_remote && !src_remote) {
-		struct ursa_sg d[URSA_MAX_SGE + 1];
-		uint32_t k = 0;
-
-		/* drop the skipped prefix of dst, then copy */
-		for (uint32_t i = 0; i < ndst && k < ARRAY_SIZE(d); i++) {
-			if (skip >= dst[i].len) {
-				skip -= dst[i].len;
-				continue;
-			}
-			d[k].va = dst[i].va + skip;
-			d[k].len = dst[i].len - skip;
-			skip = 0;
-			k++;
-		}
-		ursa_sg_copy(d, k, src, nsrc, len);
-		return 0;
-	}
+	if (!dst_remote && !src_remote)
+		return local_copy(dst, ndst, src, nsrc, skip, len);
 	if (dst_remote && src_remote)
 		return -EINVAL;
 	if (src_remote) {

@@ -13,8 +13,10 @@
  * affiliated async event; UC and UD drop silently (IBTA 9.8.3, 9.8.4).
  */
 #include "engine.h"
+#include "../util/fault.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <string.h>
 
 static uint16_t ip_csum(const uint8_t *h, int len)
@@ -250,7 +252,15 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 			struct ursa_sg gs = { (uintptr_t)g, URSA_GRH_LEN };
 
 			build_grh(g, r);
-			ursa_sg_copy(st->sg, st->nsg, &gs, 1, URSA_GRH_LEN);
+			if (ursa_xfer(st->sg, st->nsg, false, &gs, 1, false, 0,
+				      0, URSA_GRH_LEN)) {
+				put_refs(st->refs, st->w.num_sge);
+				st->active = false;
+				wc.status = IBV_WC_LOC_ACCESS_ERR;
+				resp->ack = URSA_DROPPED;
+				resp->why = URSA_WHY_UNMAPPED;
+				goto fail;
+			}
 		}
 	} else if (!st->active) {
 		/* a middle or last fragment with no first: out of sequence */
@@ -289,7 +299,8 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 			st->active = false;
 			wc.status = IBV_WC_LOC_ACCESS_ERR;
 			resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
-			resp->why = URSA_WHY_PEER_MEM;
+			resp->why = e == -EFAULT ? URSA_WHY_UNMAPPED :
+						   URSA_WHY_PEER_MEM;
 			goto fail;
 		}
 	}
@@ -380,6 +391,26 @@ static void nak(struct ursa_qp *tqp, struct ursa_resp *resp, enum ursa_ack a,
 		 ursa_why_str(why));
 }
 
+/* An atomic on the MR's word at p, its old value into *orig; -EFAULT when
+ * the memory is no longer mapped (util/fault.h). */
+static int atomic_at(uint64_t *p, const struct ursa_req *r, uint64_t *orig)
+{
+	struct ursa_fault g;
+	uint64_t expect = r->compare_add;
+
+	ursa_fault_push(&g);
+	if (sigsetjmp(g.env, 0))
+		return -EFAULT;
+	if (r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+		expect = __atomic_fetch_add(p, r->compare_add, __ATOMIC_SEQ_CST);
+	else
+		__atomic_compare_exchange_n(p, &expect, r->swap, false,
+					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+	ursa_fault_pop(&g);
+	*orig = expect;
+	return 0;
+}
+
 static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 		    struct ursa_resp *resp)
 {
@@ -465,23 +496,18 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 		atomic_fetch_add(&tqp->cnt.reads, 1);
 		break;
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
-		resp->atomic_orig = __atomic_fetch_add((uint64_t *)ref.va,
-						       r->compare_add,
-						       __ATOMIC_SEQ_CST);
-		atomic_fetch_add(&tqp->cnt.atomics, 1);
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		err = atomic_at((uint64_t *)ref.va, r, &resp->atomic_orig);
+		if (!err)
+			atomic_fetch_add(&tqp->cnt.atomics, 1);
 		break;
-	case IBV_WR_ATOMIC_CMP_AND_SWP: {
-		uint64_t expect = r->compare_add;
-
-		__atomic_compare_exchange_n((uint64_t *)ref.va, &expect,
-					    r->swap, false, __ATOMIC_SEQ_CST,
-					    __ATOMIC_SEQ_CST);
-		resp->atomic_orig = expect;
-		atomic_fetch_add(&tqp->cnt.atomics, 1);
-		break;
-	}
 	}
 	ursa_mem_put(&ref);
+	if (err == -EFAULT) {
+		/* the MR's memory was unmapped behind its registration */
+		nak(tqp, resp, URSA_NAK_ACCESS, URSA_WHY_UNMAPPED);
+		return;
+	}
 	if (err) {
 		/* The requester's side of the copy failed (it died, or the
 		 * kernel refused cross-memory attach mid-way). */

@@ -32,6 +32,7 @@ EXPORT int ursa_mr_info(struct ibv_mr *ibmr, struct ursa_mr_info *info)
 	info->rkey = ibmr->rkey;
 	info->access = mr->access;
 	info->entries = mr->mtt.n;
+	info->unmapped = atomic_load(&mr->gone);
 	info->huge_entries = mr->mtt.huge;
 	for (uint32_t i = 0; i < mr->mtt.n; i++) {
 		uint64_t sz = 1ull << mr->mtt.e[i].shift;

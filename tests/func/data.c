@@ -4,8 +4,11 @@
  * operation, and the error completions of the spec.
  */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <ursa/ursa.h>
 
@@ -577,6 +580,151 @@ static int test_remote_access_errors(void)
 	return TEST_RESULT();
 }
 
+/*
+ * Registered memory the application unmaps. A NIC's MR keeps the pages it
+ * pinned; ursa's names addresses, so it hears of the unmap (userfaultfd,
+ * core/uffd.h) and from then on refuses every access through the MR, with
+ * the error that names the cause, even once other memory is mapped at the
+ * same address: a peer holding the rkey never reaches it. With
+ * URSA_UFFD=0 (as where userfaultfd is refused) the MR follows its
+ * addresses: the hole faults inside the engine's guard (util/fault.h) and
+ * fails the same way, and memory mapped there anew is what the MR reaches.
+ * Either way the process that owns the MR lives on.
+ */
+static int unmapped_op(enum ibv_wr_opcode op, bool remap, bool watched)
+{
+	size_t pg = 4096;
+	struct ibv_mr *amr, *tmr;
+	struct ibv_qp *a, *b;
+	struct ibv_wc wc[2];
+	struct ursa_mr_info in;
+	struct fx f;
+	uint64_t *res = aligned_alloc(64, pg);
+	char *t = mmap(NULL, 3 * pg, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *hole = t + pg;
+	bool follows = remap && !watched;
+	int fails0 = harness_failed;
+
+	REQUIRE(res && t != MAP_FAILED && fx_open(&f, 16) == 0);
+	memset(res, 'A', pg);
+	amr = ibv_reg_mr(f.pd, res, pg, ALL_REMOTE);
+	tmr = ibv_reg_mr(f.pd, t, 3 * pg, ALL_REMOTE);
+	a = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+	b = make_qp(&f, IBV_QPT_RC, NULL, NULL, NULL);
+	REQUIRE(amr && tmr && a && b && connect_pair(a, b, ALL_REMOTE) == 0);
+	if (op == IBV_WR_SEND)
+		REQUIRE(post_recv1(b, hole + 8, 64, tmr->lkey, 2) == 0);
+	REQUIRE(munmap(hole, pg) == 0);
+	if (remap) {
+		REQUIRE(mmap(hole, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE |
+			     MAP_ANONYMOUS | MAP_FIXED, -1, 0) == hole);
+		memset(hole, 'N', pg);
+	}
+	/* the watcher marks the MR just after munmap returns (uffd.h) */
+	for (int i = 0; i < 1000; i++) {
+		REQUIRE(ursa_mr_info(tmr, &in) == 0);
+		if (in.unmapped || !watched)
+			break;
+		usleep(1000);
+	}
+	EXPECT_EQ(in.unmapped, watched);
+	if (op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+		struct ibv_sge s = { (uintptr_t)res, 8, amr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &s, .num_sge = 1,
+					  .opcode = op,
+					  .send_flags = IBV_SEND_SIGNALED }, *bad;
+
+		wr.wr.atomic.remote_addr = (uintptr_t)hole + 8;
+		wr.wr.atomic.rkey = tmr->rkey;
+		wr.wr.atomic.compare_add = 0x4e4e4e4e4e4e4e4eull;
+		wr.wr.atomic.swap = 5;
+		REQUIRE(ibv_post_send(a, &wr, &bad) == 0);
+	} else {
+		REQUIRE(post_send1(a, op, res, 64, amr->lkey,
+				   (uintptr_t)hole + 8, tmr->rkey, 1) == 0);
+	}
+	REQUIRE(wait_wc(f.cq, &wc[0], 3000) == 1);
+	if (op == IBV_WR_SEND && wc[0].wr_id == 2) {
+		/* the receiver's completion may come first */
+		wc[1] = wc[0];
+		REQUIRE(wait_wc(f.cq, &wc[0], 3000) == 1);
+	} else if (op == IBV_WR_SEND) {
+		REQUIRE(wait_wc(f.cq, &wc[1], 3000) == 1);
+	}
+	if (follows) {
+		/* the new page: the access lands there as on any memory */
+		EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+		if (op == IBV_WR_RDMA_WRITE || op == IBV_WR_SEND)
+			EXPECT_EQ(hole[8 + 63], 'A');
+		if (op == IBV_WR_RDMA_READ)
+			EXPECT_EQ(((char *)res)[63], 'N');
+		if (op == IBV_WR_ATOMIC_CMP_AND_SWP)
+			EXPECT_EQ(*(uint64_t *)(void *)(hole + 8), 5);
+	} else if (op == IBV_WR_SEND) {
+		/* the sender learns of the receiver's failure; the receive
+		 * completes with an error that names the hole */
+		EXPECT_EQ(wc[0].status, IBV_WC_REM_OP_ERR);
+		EXPECT_EQ(wc[1].wr_id, 2);
+		EXPECT_TRUE(wc[1].status == IBV_WC_LOC_PROT_ERR ||
+			    wc[1].status == IBV_WC_LOC_ACCESS_ERR);
+		if (!strstr(ursa_vendor_err_str(wc[1].vendor_err), "no longer mapped"))
+			harness_fail(__FILE__, __LINE__, "vendor_err", "'%s'",
+				     ursa_vendor_err_str(wc[1].vendor_err));
+	} else {
+		EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+		if (!strstr(ursa_vendor_err_str(wc[0].vendor_err),
+			    "remote: registered memory is no longer mapped"))
+			harness_fail(__FILE__, __LINE__, "vendor_err", "'%s'",
+				     ursa_vendor_err_str(wc[0].vendor_err));
+		/* nothing came back into the requester's buffer */
+		EXPECT_EQ(((char *)res)[0], 'A');
+	}
+	if (remap && !follows)
+		for (size_t i = 0; i < pg; i++)
+			if (hole[i] != 'N') {
+				harness_fail(__FILE__, __LINE__, "new page",
+					     "byte %zu changed", i);
+				break;
+			}
+	/* the mapped pages around the hole are as they were */
+	EXPECT_EQ(t[0], 0);
+	EXPECT_EQ(t[2 * pg], 0);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	EXPECT_EQ(ibv_dereg_mr(tmr), 0);
+	EXPECT_EQ(ibv_dereg_mr(amr), 0);
+	fx_close(&f);
+	munmap(t, 3 * pg);
+	free(res);
+	return harness_failed != fails0;
+}
+
+static int unmapped_all(bool watched)
+{
+	const enum ibv_wr_opcode ops[] = {
+		IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD,
+		IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_SEND,
+	};
+
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+		EXPECT_EQ(unmapped_op(ops[i], false, watched), 0);
+		EXPECT_EQ(unmapped_op(ops[i], true, watched), 0);
+	}
+	return TEST_RESULT();
+}
+
+static int test_unmapped_mr(void)
+{
+	return unmapped_all(true);
+}
+
+static int test_unmapped_mr_unwatched(void)
+{
+	setenv("URSA_UFFD", "0", 1);
+	return unmapped_all(false);
+}
+
 static int test_remote_key_other_pd(void)
 {
 	struct pair p;
@@ -1094,6 +1242,8 @@ static const struct test tests[] = {
 	TEST_ENTRY(rnr_infinite_then_recv, "rnr_retry 7 waits for the receive"),
 	TEST_ENTRY(remote_access_errors, "refused accesses never touch memory"),
 	TEST_ENTRY(remote_key_other_pd, "rkey of another PD is refused"),
+	TEST_ENTRY(unmapped_mr, "registered memory unmapped: the MR refuses, the owner lives"),
+	TEST_ENTRY(unmapped_mr_unwatched, "URSA_UFFD=0: the MR follows its addresses, a hole faults safely"),
 	TEST_ENTRY(local_errors, "LOC_PROT_ERR and LOC_LEN_ERR"),
 	TEST_ENTRY(retry_exceeded_no_peer, "unanswered requests: RETRY_EXC_ERR"),
 	TEST_ENTRY(not_the_peer, "a QP that is not the connected peer is dropped and counted"),

@@ -6,6 +6,7 @@
  * data. The target process of one-sided operations makes no verbs call.
  */
 #include <linux/filter.h>
+#include <linux/io_uring.h>
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <pthread.h>
@@ -184,7 +185,7 @@ static int reap(pid_t pid)
  * read() on the socket while the initiator works on its memory.
  */
 enum { CMD_SUM = 1, CMD_GET, CMD_QUIT, CMD_FILL, CMD_RECV, CMD_POLL,
-       CMD_DEREG, CMD_REG, CMD_REREG_ACCESS };
+       CMD_DEREG, CMD_REG, CMD_REREG_ACCESS, CMD_UNMAP };
 
 struct target_arg {
 	enum ibv_qp_type type;
@@ -292,6 +293,17 @@ static int target_main(int sock, void *varg)
 			reply.value = (uint64_t)ibv_rereg_mr(e.mr,
 					IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
 					(int)cmd.value);
+			break;
+		case CMD_UNMAP:
+			/* unmap [addr, addr + value) of the registered buffer
+			 * behind the MR's back; rkey 'N': map new memory there,
+			 * full of 'N' */
+			reply.value = (uint64_t)munmap(e.buf + cmd.addr, cmd.value);
+			if (cmd.rkey == 'N' &&
+			    mmap(e.buf + cmd.addr, cmd.value, PROT_READ | PROT_WRITE,
+				 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+			    e.buf + cmd.addr)
+				memset(e.buf + cmd.addr, 'N', cmd.value);
 			break;
 		case CMD_QUIT:
 			end_close(&e);
@@ -729,6 +741,86 @@ MODE_TEST(requester_seccomp_no_map, M_REQ_SECCOMP_NO_MAP)
 MODE_TEST(requester_no_open, M_REQ_NO_OPEN)
 
 /*
+ * A target unmaps a page of its registered private memory (and maps new
+ * memory there, or not); a requester in another process then WRITEs,
+ * READs and adds there. The target's watcher (core/uffd.h) has taken the
+ * MR out of the table requesters read, so no requester reaches the new
+ * page by cross-memory attach; the target's engine refuses:
+ * REM_ACCESS_ERR naming the hole, through the slots (URSA_CMA=0
+ * URSA_MAP=0) as by default. The target lives and the rest of its memory
+ * is as it was.
+ */
+static int run_unmapped(bool slots, bool remap)
+{
+	struct target_arg ta = { IBV_QPT_RC, 64 << 10, 0 };
+	const enum ibv_wr_opcode ops[] = { IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ,
+					   IBV_WR_ATOMIC_FETCH_AND_ADD };
+	int sock;
+	pid_t pid;
+
+	setenv("PROCS_PRIVATE", "1", 1);
+	if (slots) {
+		setenv("URSA_CMA", "0", 1);
+		setenv("URSA_MAP", "0", 1);
+	}
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+		struct end me;
+		struct xinfo peer;
+		struct ibv_wc wc;
+		struct ibv_sge sg;
+		struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sg, .num_sge = 1,
+					  .opcode = ops[i],
+					  .send_flags = IBV_SEND_SIGNALED }, *bad;
+
+		REQUIRE(end_open(&me, IBV_QPT_RC, 64 << 10, false) == 0);
+		pid = start_target(&ta, &me, &sock, &peer);
+		REQUIRE(pid > 0);
+		EXPECT_EQ(cmd(sock, CMD_FILL, 0, 64 << 10, 'T'), 0);
+		EXPECT_EQ(cmd(sock, CMD_UNMAP, 8192, 4096, remap ? 'N' : 0), 0);
+		usleep(20000);	/* (the watcher runs just after munmap) */
+		memset(me.buf, 'R', 64);
+		sg = (struct ibv_sge){ (uintptr_t)me.buf, 64, me.mr->lkey };
+		if (ops[i] == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+			sg.length = 8;
+			wr.wr.atomic.remote_addr = peer.addr + 8192 + 64;
+			wr.wr.atomic.rkey = peer.rkey;
+			wr.wr.atomic.compare_add = 1;
+		} else {
+			wr.wr.rdma.remote_addr = peer.addr + 8192 + 64;
+			wr.wr.rdma.rkey = peer.rkey;
+		}
+		REQUIRE(ibv_post_send(me.qp, &wr, &bad) == 0);
+		REQUIRE(wait_wc(me.f.cq, &wc, 10000) == 1);
+		EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR);
+		if (!strstr(ursa_vendor_err_str(wc.vendor_err), "no longer mapped"))
+			harness_fail(__FILE__, __LINE__, "vendor_err", "'%s'",
+				     ursa_vendor_err_str(wc.vendor_err));
+		EXPECT_EQ(me.buf[0], 'R');
+		if (remap)
+			EXPECT_EQ(cmd(sock, CMD_GET, 8192 + 64, 0, 0),
+				  0x4e4e4e4e4e4e4e4eull);
+		/* alive, and the rest of its memory as it was */
+		EXPECT_EQ(cmd(sock, CMD_GET, 4096, 0, 0), 0x5454545454545454ull);
+		EXPECT_EQ(cmd(sock, CMD_GET, 12288, 0, 0), 0x5454545454545454ull);
+		cmd(sock, CMD_QUIT, 0, 0, 0);
+		EXPECT_EQ(reap(pid), 0);
+		close(sock);
+		end_close(&me);
+	}
+	return TEST_RESULT();
+}
+
+static int test_unmapped_slots(void)
+{
+	return run_unmapped(true, false);
+}
+
+static int test_unmapped_cma(void)
+{
+	return run_unmapped(false, false) || run_unmapped(false, true);
+}
+
+/*
  * An MR with partial first and last pages (PROCS_MR_SKIP) inside memory
  * from ursa_mem_alloc: the requester maps the whole allocation, so every
  * byte of the MR is reached by plain stores, and only the MR's bounds
@@ -1051,20 +1143,90 @@ static int test_rcache_never_stale(void)
  * stores to every page of a buffer in turn (with malloc and free on the
  * way, as threads of real programs do: UCX's async thread's lost heap
  * writes once showed as "free(): invalid next size"), and stores that the
- * kernel makes for it (read(2) from a pipe into the page), while other
+ * kernel makes for it (read(2) from a pipe into the page, and the same
+ * READ through io_uring, completed by the kernel), while other
  * threads register, re-register and deregister overlapping ranges.
  */
 struct pager {
 	volatile uint64_t *b;
 	size_t pages;
 	atomic_int stop, rounds;
-	uint64_t lost, kernel_writes;
+	uint64_t lost, kernel_writes, uring_writes;
+	bool no_uring;
 };
+
+/* A one-entry io_uring, by the raw system calls (no liburing): the kernel
+ * writes into the page from its own context when the READ completes. */
+struct uring {
+	int fd;
+	unsigned *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
+	struct io_uring_sqe *sqes;
+	struct io_uring_cqe *cqes;
+};
+
+static int uring_open(struct uring *u)
+{
+	struct io_uring_params p;
+	char *sq, *cq;
+
+	memset(&p, 0, sizeof(p));
+	u->fd = (int)syscall(__NR_io_uring_setup, 1, &p);
+	if (u->fd < 0)
+		return -1;
+	sq = mmap(NULL, p.sq_off.array + p.sq_entries * sizeof(unsigned),
+		  PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, u->fd,
+		  IORING_OFF_SQ_RING);
+	cq = mmap(NULL, p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe),
+		  PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, u->fd,
+		  IORING_OFF_CQ_RING);
+	u->sqes = mmap(NULL, p.sq_entries * sizeof(struct io_uring_sqe),
+		       PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, u->fd,
+		       IORING_OFF_SQES);
+	if (sq == MAP_FAILED || cq == MAP_FAILED || u->sqes == MAP_FAILED) {
+		close(u->fd);
+		return -1;
+	}
+	u->sq_tail = (unsigned *)(void *)(sq + p.sq_off.tail);
+	u->sq_mask = (unsigned *)(void *)(sq + p.sq_off.ring_mask);
+	u->sq_array = (unsigned *)(void *)(sq + p.sq_off.array);
+	u->cq_head = (unsigned *)(void *)(cq + p.cq_off.head);
+	u->cq_tail = (unsigned *)(void *)(cq + p.cq_off.tail);
+	u->cq_mask = (unsigned *)(void *)(cq + p.cq_off.ring_mask);
+	u->cqes = (struct io_uring_cqe *)(void *)(cq + p.cq_off.cqes);
+	return 0;
+}
+
+/* read(fd, dst, 8) through the ring; 8 when it completed whole. */
+static int uring_read8(struct uring *u, int fd, volatile uint64_t *dst)
+{
+	unsigned t = *u->sq_tail, h, i = t & *u->sq_mask;
+	struct io_uring_sqe *e = &u->sqes[i];
+	int res;
+
+	memset(e, 0, sizeof(*e));
+	e->opcode = IORING_OP_READ;
+	e->fd = fd;
+	e->addr = (uintptr_t)dst;
+	e->len = 8;
+	e->off = (uint64_t)-1;
+	u->sq_array[i] = i;
+	__atomic_store_n(u->sq_tail, t + 1, __ATOMIC_RELEASE);
+	if (syscall(__NR_io_uring_enter, u->fd, 1, 1, IORING_ENTER_GETEVENTS,
+		    NULL, 0) < 0)
+		return -1;
+	h = *u->cq_head;
+	if (h == __atomic_load_n(u->cq_tail, __ATOMIC_ACQUIRE))
+		return -1;
+	res = u->cqes[h & *u->cq_mask].res;
+	__atomic_store_n(u->cq_head, h + 1, __ATOMIC_RELEASE);
+	return res;
+}
 
 static void *pager_main(void *arg)
 {
 	struct pager *p = arg;
 	uint64_t seq = 0, *last = calloc(p->pages, sizeof(*last));
+	struct uring u = { .fd = -1 };
 	int pfd[2];
 
 	if (!last || pipe(pfd)) {
@@ -1072,6 +1234,7 @@ static void *pager_main(void *arg)
 		p->lost = ~0ull;
 		return NULL;
 	}
+	p->no_uring = uring_open(&u) != 0;
 	while (!atomic_load(&p->stop)) {
 		for (size_t i = 0; i < p->pages; i++) {
 			volatile uint64_t *w = p->b + i * 512;
@@ -1083,6 +1246,10 @@ static void *pager_main(void *arg)
 			if (i % 3 == 0 && write(pfd[1], &seq, 8) == 8 &&
 			    read(pfd[0], (void *)w, 8) == 8)
 				p->kernel_writes++;
+			else if (i % 3 == 1 && !p->no_uring &&
+				 write(pfd[1], &seq, 8) == 8 &&
+				 uring_read8(&u, pfd[0], w) == 8)
+				p->uring_writes++;
 			else
 				*w = seq;
 			free(junk);
@@ -1091,6 +1258,8 @@ static void *pager_main(void *arg)
 	}
 	close(pfd[0]);
 	close(pfd[1]);
+	if (!p->no_uring)
+		close(u.fd);
 	free(last);
 	return NULL;
 }
@@ -1225,12 +1394,19 @@ static int hammer(struct fx *f, enum hammer_kind k, volatile uint64_t *b,
 	if (st == 251)
 		printf("    %s: cross-memory attach not permitted: no CMA writer\n",
 		       hammer_name[k]);
+	if (p.no_uring)
+		printf("    %s: io_uring not permitted: no io_uring writes\n",
+		       hammer_name[k]);
+	printf("    %s: %llu writes by read(2), %llu by io_uring; %llu lost\n",
+	       hammer_name[k], (unsigned long long)p.kernel_writes,
+	       (unsigned long long)p.uring_writes, (unsigned long long)p.lost);
 	if (p.lost || r[0].fails || r[1].fails || (st && st != 251) ||
-	    !p.kernel_writes) {
-		fprintf(stderr, "    %s: %llu writes lost, CMA writer %d, %d+%d failed of %d+%d registrations, %llu kernel writes\n",
+	    !p.kernel_writes || (!p.no_uring && !p.uring_writes)) {
+		fprintf(stderr, "    %s: %llu writes lost, CMA writer %d, %d+%d failed of %d+%d registrations, %llu read(2) and %llu io_uring writes\n",
 			hammer_name[k], (unsigned long long)p.lost, st, r[0].fails, r[1].fails,
 			atomic_load(&r[0].ops), atomic_load(&r[1].ops),
-			(unsigned long long)p.kernel_writes);
+			(unsigned long long)p.kernel_writes,
+			(unsigned long long)p.uring_writes);
 		ok = 0;
 	}
 	return ok;
@@ -2121,6 +2297,8 @@ static const struct test tests[] = {
 	TEST_ENTRY(direct_follows_rereg, "a rereg'd MR's new rights reach the direct path"),
 	TEST_ENTRY(dmap_pruned, "a requester drops its mapping of an MR the target deregistered"),
 	TEST_ENTRY(partial_pages, "partial first and last pages: mapped inside, CMA at the edges"),
+	TEST_ENTRY(unmapped_slots, "target unmaps registered memory: its engine refuses, lives"),
+	TEST_ENTRY(unmapped_cma, "target unmaps registered memory, maps anew: never reached"),
 	TEST_ENTRY(reg_leaves_pages, "registration leaves pages in place; ursa_mem_alloc memory is shared"),
 	TEST_ENTRY(rcache_never_stale, "the registration cache follows memory mapped anew; gone memory is refused"),
 	TEST_ENTRY(reg_hammer, "writes by threads and the kernel during reg/rereg/dereg: none lost"),
