@@ -1311,9 +1311,12 @@ static void *registrar_main(void *arg)
 	return NULL;
 }
 
-enum hammer_kind { H_ANON, H_THP, H_MEMFD, H_URSA_MEM, H_STACK, H_KINDS };
+enum hammer_kind { H_ANON, H_THP, H_MEMFD, H_URSA_MEM, H_STACK, H_FILE_SHARED,
+		   H_FILE_PRIVATE, H_HUGETLB, H_FORK_COW, H_KINDS };
 static const char *hammer_name[] = { "anonymous", "THP", "memfd shared",
-				     "ursa_mem_alloc", "stack" };
+				     "ursa_mem_alloc", "stack", "file shared",
+				     "file private", "hugetlbfs",
+				     "anonymous, shared with a forked child" };
 
 /*
  * Another process writing the buffer by cross-memory attach
@@ -1421,6 +1424,21 @@ static void *stack_hammer(void *arg)
 	return hammer(f, H_STACK, buf, sizeof(buf)) ? f : NULL;
 }
 
+/* vm.nr_hugepages: set it to n (n >= 0, where permitted); returns the
+ * value before, or -1. */
+static long nr_hugepages(long n)
+{
+	FILE *f = fopen("/proc/sys/vm/nr_hugepages", n < 0 ? "r" : "w");
+	long v = -1;
+
+	if (!f)
+		return -1;
+	if (n < 0 ? fscanf(f, "%ld", &v) != 1 : fprintf(f, "%ld\n", n) < 0)
+		v = -1;
+	fclose(f);
+	return n < 0 ? v : n;
+}
+
 static int test_reg_hammer(void)
 {
 	size_t len = 4 << 20;
@@ -1430,9 +1448,11 @@ static int test_reg_hammer(void)
 	REQUIRE(fx_open(&f, 16) == 0);
 	for (int k = H_ANON; k < H_KINDS; k++) {
 		void *base = MAP_FAILED, *m = NULL;
+		pid_t child = -1;
+		long hp_was = -1;
 		int fd = -1;
 
-		if (k == H_ANON || k == H_THP) {
+		if (k == H_ANON || k == H_THP || k == H_FORK_COW) {
 			base = mmap(NULL, len + (2 << 20), PROT_READ | PROT_WRITE,
 				    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 			REQUIRE(base != MAP_FAILED);
@@ -1446,6 +1466,42 @@ static int test_reg_hammer(void)
 			REQUIRE(m != MAP_FAILED);
 		} else if (k == H_URSA_MEM) {
 			REQUIRE(ursa_mem_alloc(len, &m) == 0);
+		} else if (k == H_FILE_SHARED || k == H_FILE_PRIVATE) {
+			/* a file on the build's file system (not tmpfs, when
+			 * the tree is on a disk) */
+			char path[] = "hammer.XXXXXX";
+
+			fd = mkstemp(path);
+			REQUIRE(fd >= 0 && unlink(path) == 0 &&
+				ftruncate(fd, (off_t)len) == 0);
+			m = mmap(NULL, len, PROT_READ | PROT_WRITE,
+				 k == H_FILE_SHARED ? MAP_SHARED : MAP_PRIVATE, fd, 0);
+			REQUIRE(m != MAP_FAILED);
+		} else if (k == H_HUGETLB) {
+			/* as root, reserve the two huge pages it needs for the
+			 * test's duration */
+			hp_was = nr_hugepages(-1);
+			if (hp_was == 0)
+				nr_hugepages(4);
+			m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE |
+				 MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+			if (m == MAP_FAILED) {
+				if (hp_was == 0)
+					nr_hugepages(0);
+				printf("    hugetlbfs: no huge pages reserved (vm.nr_hugepages): not run\n");
+				continue;
+			}
+			memset(m, 0, len);
+		}
+		if (k == H_FORK_COW) {
+			/* the child shares every page copy-on-write: the
+			 * writers' stores during registration break the sharing */
+			child = fork();
+			REQUIRE(child >= 0);
+			if (child == 0) {
+				pause();
+				_exit(0);
+			}
 		}
 		if (k == H_STACK) {
 			pthread_t t;
@@ -1467,12 +1523,18 @@ static int test_reg_hammer(void)
 			ibv_dereg_mr(mr);
 		}
 		EXPECT_TRUE(hammer(&f, (enum hammer_kind)k, m, len));
+		if (child > 0) {
+			kill(child, SIGKILL);
+			waitpid(child, NULL, 0);
+		}
 		if (k == H_URSA_MEM)
 			ursa_mem_free(m);
-		else if (k == H_MEMFD)
+		else if (base == MAP_FAILED)
 			munmap(m, len);
 		else
 			munmap(base, len + (2 << 20));
+		if (k == H_HUGETLB && hp_was == 0)
+			nr_hugepages(0);
 		if (fd >= 0)
 			close(fd);
 	}
