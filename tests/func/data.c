@@ -719,6 +719,45 @@ static int test_unmapped_mr(void)
 	return unmapped_all(true);
 }
 
+/* mremap moves registered pages away: the MR over the old addresses is
+ * refused, the pages keep their contents at the new place. */
+static int test_mremap_mr(void)
+{
+	size_t len = 4 * 4096;
+	struct ursa_mr_info in = { 0 };
+	struct pair p;
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	char *t = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *to = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	REQUIRE(t != MAP_FAILED && to != MAP_FAILED);
+	memset(t, 'T', len);
+	REQUIRE(pair_open(&p, IBV_QPT_RC, ALL_REMOTE, 4096) == 0);
+	mr = ibv_reg_mr(p.f.pd, t, len, ALL_REMOTE);
+	REQUIRE(mr);
+	REQUIRE(mremap(t, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to) == to);
+	for (int i = 0; i < 1000 && !in.unmapped; i++) {
+		REQUIRE(ursa_mr_info(mr, &in) == 0);
+		if (!in.unmapped)
+			usleep(1000);
+	}
+	EXPECT_EQ(in.unmapped, 1);
+	memset(p.abuf, 'W', 64);
+	REQUIRE(post_send1(p.a, IBV_WR_RDMA_WRITE, p.abuf, 64, p.amr->lkey,
+			   (uintptr_t)t, mr->rkey, 1) == 0);
+	REQUIRE(wait_wc(p.f.cq, &wc, 3000) == 1);
+	EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR);
+	EXPECT_TRUE(strstr(ursa_vendor_err_str(wc.vendor_err), "no longer mapped") != NULL);
+	EXPECT_EQ(to[0], 'T');
+	EXPECT_EQ(to[len - 1], 'T');
+	EXPECT_EQ(ibv_dereg_mr(mr), 0);
+	pair_close(&p);
+	munmap(to, len);
+	return TEST_RESULT();
+}
+
 static int test_unmapped_mr_unwatched(void)
 {
 	setenv("URSA_UFFD", "0", 1);
@@ -1243,6 +1282,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(remote_access_errors, "refused accesses never touch memory"),
 	TEST_ENTRY(remote_key_other_pd, "rkey of another PD is refused"),
 	TEST_ENTRY(unmapped_mr, "registered memory unmapped: the MR refuses, the owner lives"),
+	TEST_ENTRY(mremap_mr, "registered pages moved by mremap: the old MR refuses"),
 	TEST_ENTRY(unmapped_mr_unwatched, "URSA_UFFD=0: the MR follows its addresses, a hole faults safely"),
 	TEST_ENTRY(local_errors, "LOC_PROT_ERR and LOC_LEN_ERR"),
 	TEST_ENTRY(retry_exceeded_no_peer, "unanswered requests: RETRY_EXC_ERR"),
