@@ -271,6 +271,9 @@ void ursa_mr_unmapped(uintptr_t start, uintptr_t end)
 
 	if (!dev)
 		return;
+	/* the kernel dropped the locks with the pages: whatever an MR maps
+	 * there next is locked (and watched) as on a first pin */
+	ursa_pin_gone(&dev->pins, start, end);
 	ursa_keytab_each(&dev->keys, URSA_KEY_MR_LKEY, gone_visit, &w);
 	for (size_t i = 0; i < w.n; i++) {
 		if (!atomic_exchange(&w.v[i]->gone, true)) {

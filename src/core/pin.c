@@ -57,7 +57,7 @@ static void split_at(struct ursa_pinmap *pm, uintptr_t x)
 		struct ursa_pin_seg *s = &pm->segs[i];
 
 		if (s->start < x && x < s->end) {
-			struct ursa_pin_seg tail = { x, s->end, s->count };
+			struct ursa_pin_seg tail = { x, s->end, s->count, s->stale };
 
 			s->end = x;
 			insert_at(pm, i + 1, &tail);
@@ -74,7 +74,8 @@ static void merge(struct ursa_pinmap *pm)
 		if (pm->segs[i].count == 0)
 			continue;
 		if (o && pm->segs[o - 1].end == pm->segs[i].start &&
-		    pm->segs[o - 1].count == pm->segs[i].count)
+		    pm->segs[o - 1].count == pm->segs[i].count &&
+		    pm->segs[o - 1].stale == pm->segs[i].stale)
 			pm->segs[o - 1].end = pm->segs[i].end;
 		else
 			pm->segs[o++] = pm->segs[i];
@@ -133,7 +134,7 @@ int ursa_pin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end,
 			continue;
 		gap_end = (s && s->start < end) ? s->start : end;
 		if (gap_end > cur) {
-			struct ursa_pin_seg g = { cur, gap_end, 1 };
+			struct ursa_pin_seg g = { cur, gap_end, 1, false };
 
 			ret = pm->ops->lock(cur, gap_end - cur);
 			if (ret) {
@@ -151,6 +152,9 @@ int ursa_pin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end,
 			cur = gap_end;
 			continue;
 		}
+		/* (split_at made the segment end inside the range) */
+		if (s->stale && !pm->ops->lock(s->start, s->end - s->start))
+			s->stale = false;
 		s->count++;
 		cur = s->end;
 	}
@@ -183,6 +187,23 @@ void ursa_unpin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end)
 			pm->pinned -= s->end - s->start;
 		}
 	}
+	merge(pm);
+	pthread_mutex_unlock(&pm->mu);
+}
+
+void ursa_pin_gone(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end)
+{
+	pthread_mutex_lock(&pm->mu);
+	/* (without room to split, whole segments: locking pages that are
+	 * still locked again changes nothing) */
+	if (reserve(pm, 2) == 0) {
+		split_at(pm, start);
+		split_at(pm, end);
+	}
+	for (size_t i = 0; i < pm->nsegs; i++)
+		if (pm->segs[i].count && pm->segs[i].start < end &&
+		    pm->segs[i].end > start)
+			pm->segs[i].stale = true;
 	merge(pm);
 	pthread_mutex_unlock(&pm->mu);
 }

@@ -24,6 +24,8 @@
 struct ursa_pin_seg {
 	uintptr_t start, end; /* [start, end), page aligned */
 	uint32_t count;
+	bool stale;	      /* unmapped since locked: lock what is there now
+			       * at the next pin (ursa_pin_gone) */
 };
 
 struct ursa_pin_ops {
@@ -52,6 +54,11 @@ void ursa_unpin(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);
  * mapped there now (the registration cache, rcache.h): 0 or lock()'s
  * error. Counts and accounting do not change. */
 int ursa_pin_refresh(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);
+/* [start, end) was unmapped (core/uffd.h): the kernel dropped its locks
+ * with the pages. The counts stay (the MRs over it still unpin it), but
+ * the next pin of a page there locks whatever is mapped there then, as a
+ * first pin does. */
+void ursa_pin_gone(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);
 uint64_t ursa_pinned_bytes(struct ursa_pinmap *pm);
 /* Does any MR pin a page of [start, end)? */
 bool ursa_pinned_any(struct ursa_pinmap *pm, uintptr_t start, uintptr_t end);

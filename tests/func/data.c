@@ -758,6 +758,49 @@ static int test_mremap_mr(void)
 	return TEST_RESULT();
 }
 
+static bool mr_unmapped_within(struct ibv_mr *mr, int ms)
+{
+	struct ursa_mr_info in = { 0 };
+
+	for (int i = 0; i < ms && !in.unmapped; i++) {
+		if (ursa_mr_info(mr, &in))
+			return false;
+		if (!in.unmapped)
+			usleep(1000);
+	}
+	return in.unmapped;
+}
+
+/* Memory mapped anew where an MR's memory was unmapped, and registered
+ * again while the old MR still holds its pins: the new MR is watched too
+ * (the old pins were marked stale, so the new pages are locked and
+ * registered with the watch as on a first pin). */
+static int test_remapped_mr_watched(void)
+{
+	size_t len = 2 * 4096;
+	struct fx f;
+	struct ibv_mr *a, *b;
+	char *t = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	REQUIRE(t != MAP_FAILED && fx_open(&f, 16) == 0);
+	a = ibv_reg_mr(f.pd, t, len, ALL_REMOTE);
+	REQUIRE(a);
+	REQUIRE(munmap(t, len) == 0);
+	REQUIRE(mmap(t, len, PROT_READ | PROT_WRITE, MAP_PRIVATE |
+		     MAP_ANONYMOUS | MAP_FIXED, -1, 0) == t);
+	EXPECT_TRUE(mr_unmapped_within(a, 1000));
+	b = ibv_reg_mr(f.pd, t, len, ALL_REMOTE);
+	REQUIRE(b);
+	EXPECT_TRUE(!mr_unmapped_within(b, 1));
+	REQUIRE(munmap(t, len) == 0);
+	EXPECT_TRUE(mr_unmapped_within(b, 1000));
+	EXPECT_EQ(ibv_dereg_mr(b), 0);
+	EXPECT_EQ(ibv_dereg_mr(a), 0);
+	fx_close(&f);
+	return TEST_RESULT();
+}
+
 static int test_unmapped_mr_unwatched(void)
 {
 	setenv("URSA_UFFD", "0", 1);
@@ -1282,6 +1325,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(remote_access_errors, "refused accesses never touch memory"),
 	TEST_ENTRY(remote_key_other_pd, "rkey of another PD is refused"),
 	TEST_ENTRY(unmapped_mr, "registered memory unmapped: the MR refuses, the owner lives"),
+	TEST_ENTRY(remapped_mr_watched, "memory mapped anew under an old MR: a new MR there is watched"),
 	TEST_ENTRY(mremap_mr, "registered pages moved by mremap: the old MR refuses"),
 	TEST_ENTRY(unmapped_mr_unwatched, "URSA_UFFD=0: the MR follows its addresses, a hole faults safely"),
 	TEST_ENTRY(local_errors, "LOC_PROT_ERR and LOC_LEN_ERR"),

@@ -160,6 +160,44 @@ static int test_pin_refcounts_overlaps(void)
 	return TEST_RESULT();
 }
 
+/* Pages unmapped under a pin: the next pin there locks the new pages,
+ * once; the counts and the unpins are unchanged. */
+static int test_pin_gone_relocks(void)
+{
+	struct ursa_pinmap pm;
+	uint64_t newly;
+
+	memset(locked, 0, sizeof(locked));
+	ursa_pinmap_init(&pm, &fake_ops, UINT64_MAX);
+	EXPECT_EQ(ursa_pin(&pm, PG(0), PG(8), &newly), 0);
+	/* pages 2..4 unmapped (the kernel drops their locks) and mapped anew */
+	locked[2] = locked[3] = 0;
+	ursa_pin_gone(&pm, PG(2), PG(4));
+	/* a new MR over 3..6: page 3 and the rest of the stale segment's
+	 * overlap are locked again, 4..6 (never gone) are not */
+	EXPECT_EQ(ursa_pin(&pm, PG(3), PG(6), &newly), 0);
+	EXPECT_EQ(newly, 0);
+	EXPECT_EQ(locked[3], 1);
+	EXPECT_EQ(locked[2], 0);
+	EXPECT_EQ(locked[4], 1);
+	EXPECT_EQ(locked[5], 1);
+	/* once is enough */
+	EXPECT_EQ(ursa_pin(&pm, PG(3), PG(4), &newly), 0);
+	EXPECT_EQ(locked[3], 1);
+	/* page 2 is still stale: the next pin of it locks it */
+	EXPECT_EQ(ursa_pin(&pm, PG(2), PG(3), &newly), 0);
+	EXPECT_EQ(locked[2], 1);
+	ursa_unpin(&pm, PG(2), PG(3));
+	ursa_unpin(&pm, PG(3), PG(4));
+	ursa_unpin(&pm, PG(3), PG(6));
+	ursa_unpin(&pm, PG(0), PG(8));
+	EXPECT_EQ(ursa_pinned_bytes(&pm), 0);
+	for (int i = 0; i < 8; i++)
+		EXPECT_EQ(locked[i], 0);
+	ursa_pinmap_fini(&pm);
+	return TEST_RESULT();
+}
+
 static int test_pin_limit_and_failure(void)
 {
 	struct ursa_pinmap pm;
@@ -776,6 +814,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(keys_rekey, "type 2 window key byte changes"),
 	TEST_ENTRY(pin_refcounts_overlaps, "overlapping pins are counted"),
 	TEST_ENTRY(pin_limit_and_failure, "memlock limit and undo on failure"),
+	TEST_ENTRY(pin_gone_relocks, "pages unmapped under a pin are locked anew at the next pin"),
 	TEST_ENTRY(mtt_page_sizes, "translation entries follow page sizes"),
 	TEST_ENTRY(vma_query, "the mapping of an address: ioctl and text agree"),
 	TEST_ENTRY(mtt_self_real_memory, "translation table of real memory"),
