@@ -153,6 +153,11 @@ static void print_table(struct ibv_mr *mr, unsigned max_rows)
 		       "      process_vm_writev/readv (one system call per access)\n");
 	if (in.cached)
 		printf("      pins and table taken back from the registration cache\n");
+	if (!in.on_demand)
+		printf("      %s\n", ursa_unmap_watch() ?
+		       "watched: if its memory is unmapped, the MR refuses every access" :
+		       "not watched (no userfaultfd): if its memory is unmapped, the MR\n"
+		       "      reaches whatever is mapped at its addresses next");
 	for (uint32_t i = 0; i < in.entries && i < max_rows; i++) {
 		uint64_t va, ps;
 

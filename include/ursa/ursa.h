@@ -60,6 +60,12 @@ int ursa_mr_entry(struct ibv_mr *mr, uint32_t idx, uint64_t *va,
  * deregistered ones parked in the registration cache). */
 int64_t ursa_pinned_total(void);
 
+/* 1 if this process watches registered memory for unmaps (userfaultfd; an
+ * MR over memory unmapped then refuses its accesses), 0 if it cannot
+ * (userfaultfd refused by the kernel or a seccomp profile, or URSA_UFFD=0:
+ * an MR then follows its addresses). */
+int ursa_unmap_watch(void);
+
 /*
  * Memory that same-host peers map: len bytes (rounded up to 4 KiB pages),
  * zeroed, in a memfd mapped shared and sealed against resizing. An MR

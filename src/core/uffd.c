@@ -94,7 +94,7 @@ static int open_locked(void)
 	pthread_t t;
 	int fd;
 
-	if (!gone || !ursa_env_long("URSA_UFFD", 1, 0, 1))
+	if (!ursa_env_long("URSA_UFFD", 1, 0, 1))
 		return -2;
 	fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
 	if (fd < 0) {
@@ -130,6 +130,8 @@ static int get_fd(void)
 
 	if (fd != -1)
 		return fd;
+	if (!gone)
+		return -2;	/* (no device yet: nothing to watch for) */
 	pthread_mutex_lock(&uffd_mu);
 	fd = atomic_load_explicit(&ufd, memory_order_relaxed);
 	if (fd == -1) {

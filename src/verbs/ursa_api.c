@@ -12,6 +12,7 @@
 
 #include "../../include/ursa/ursa.h"
 #include "../transport/udp.h"
+#include "../core/uffd.h"
 
 #define EXPORT URSA_EXPORT
 
@@ -76,6 +77,11 @@ EXPORT int64_t ursa_pinned_total(void)
 	struct ursa_device *dev = ursa_device_get();
 
 	return dev ? (int64_t)ursa_pinned_bytes(&dev->pins) : -ENODEV;
+}
+
+EXPORT int ursa_unmap_watch(void)
+{
+	return ursa_device_get() && ursa_uffd_active();
 }
 
 EXPORT int ursa_mem_alloc(size_t len, void **out)

@@ -3,11 +3,14 @@
  * data.c (functional) - the data path between QPs of one process: every
  * operation, and the error completions of the spec.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <ursa/ursa.h>
@@ -716,6 +719,17 @@ static int unmapped_all(bool watched)
 
 static int test_unmapped_mr(void)
 {
+	/* does the kernel give this process a userfaultfd? (then ursa must
+	 * have one too) */
+	int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | 1 /* USER_MODE_ONLY */);
+
+	if (fd < 0) {
+		EXPECT_EQ(ursa_unmap_watch(), 0);
+		SKIP("userfaultfd refused here (%s): unmaps are not watched",
+		     strerror(errno));
+	}
+	close(fd);
+	EXPECT_EQ(ursa_unmap_watch(), 1);
 	return unmapped_all(true);
 }
 
@@ -732,6 +746,8 @@ static int test_mremap_mr(void)
 		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	char *to = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
+	if (!ursa_unmap_watch())
+		SKIP("userfaultfd refused here: unmaps are not watched");
 	REQUIRE(t != MAP_FAILED && to != MAP_FAILED);
 	memset(t, 'T', len);
 	REQUIRE(pair_open(&p, IBV_QPT_RC, ALL_REMOTE, 4096) == 0);
@@ -783,6 +799,8 @@ static int test_remapped_mr_watched(void)
 	char *t = mmap(NULL, len, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
+	if (!ursa_unmap_watch())
+		SKIP("userfaultfd refused here: unmaps are not watched");
 	REQUIRE(t != MAP_FAILED && fx_open(&f, 16) == 0);
 	a = ibv_reg_mr(f.pd, t, len, ALL_REMOTE);
 	REQUIRE(a);

@@ -39,6 +39,13 @@
  * --bad-middle-atomic: the same with 12 fetch-and-adds on 12 zero words:
  * the 5 before the refused one return 0.
  *
+ * --unmapped / --hole: the server unmaps page 6 of its registered buffer
+ * (and, with --unmapped, maps new memory full of 'N' there); a WRITE into
+ * it must fail with REM_ACCESS_ERR, the new page must stay untouched, and
+ * the server must live on (it answers the next command). Run with the server's URSA_UFFD=0, --hole exercises the
+ * responder's fault guard instead of the watch (design.md, "Memory
+ * unmapped under an MR").
+ *
  * --acks: the delayed ACK (transport/udp.c ack_later):
  * - PINGS one-way WRITEs, each awaited: the server, which never sends a
  *   request, holds only a few ACKs (the backoff), not one per WRITE;
@@ -421,9 +428,23 @@ static int server(int port)
 	/* commands: 1 = checksum my buffer, 2 = receive N MiB by SEND,
 	 * 3 = answer PINGS SENDs, 4 = report held ACKs, 5 = receive one
 	 * SEND and exit at once, 6 = checksum the first 5 pages, 7 = report
-	 * the WRITEs my QP executed (ursa_qp_stats) */
+	 * the WRITEs my QP executed (ursa_qp_stats), 8 = unmap page 6 and
+	 * map new memory of 'N' there, 10 = the first word of page 6,
+	 * 11 = unmap page 6 */
 	while (read(c, &cmd, sizeof(cmd)) == sizeof(cmd)) {
-		if (cmd == 3 || cmd == 5) {
+		if (cmd == 8 || cmd == 11) {
+			uint8_t *pg = e.buf + 6 * 4096;
+
+			sum = (uint64_t)munmap(pg, 4096);
+			if (cmd == 8 && mmap(pg, 4096, PROT_READ | PROT_WRITE,
+					     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+					     -1, 0) == pg)
+				memset(pg, 'N', 4096);
+			xio(c, &sum, sizeof(sum), 1);
+		} else if (cmd == 10) {
+			memcpy(&sum, e.buf + 6 * 4096, 8);
+			xio(c, &sum, sizeof(sum), 1);
+		} else if (cmd == 3 || cmd == 5) {
 			int n = cmd == 3 ? PINGS : 1;
 
 			for (int i = 0; i < n; i++)
@@ -669,8 +690,46 @@ static int bad_middle(struct ep *e, int s, const struct info *peer,
 	return bad;
 }
 
+/* --unmapped, --hole (see the top of the file) */
+static int unmapped(struct ep *e, int s, const struct info *peer,
+		    uint64_t *cmd, bool remap)
+{
+	struct ibv_wc wc;
+	uint64_t r;
+	int bad = 0;
+
+	*cmd = remap ? 8 : 11;
+	xio(s, cmd, sizeof(*cmd), 1);
+	xio(s, &r, sizeof(r), 0);
+	if (r)
+		die("the server's munmap");
+	usleep(20000);	/* (the server's watcher marks its MR just after) */
+	post(e, IBV_WR_RDMA_WRITE, 0, 4096, peer->addr + 6 * 4096, peer->rkey, 1);
+	wc = wait1(e);
+	/* (a RoCEv2 NAK carries no reason: the requester cannot name it) */
+	if (wc.status != IBV_WC_REM_ACCESS_ERR) {
+		printf("FAIL WRITE into unmapped memory: %s (%s)\n",
+		       ibv_wc_status_str(wc.status), ursa_vendor_err_str(wc.vendor_err));
+		bad = 1;
+	}
+	/* the server lives, and a new page there kept its bytes */
+	*cmd = remap ? 10 : 6;
+	xio(s, cmd, sizeof(*cmd), 1);
+	xio(s, &r, sizeof(r), 0);
+	if (remap && r != 0x4e4e4e4e4e4e4e4eull) {
+		printf("FAIL the page mapped anew was written\n");
+		bad = 1;
+	}
+	printf("%s WRITE into the server's unmapped memory%s: %s, server alive\n",
+	       bad ? "FAIL" : "ok", remap ? " (mapped anew)" : "",
+	       ibv_wc_status_str(wc.status));
+	*cmd = 9;
+	xio(s, cmd, sizeof(*cmd), 1);
+	return bad;
+}
+
 static int client(const char *host, int port, size_t mib, int cut_check,
-		  int acks, int badm, int bada)
+		  int acks, int badm, int bada, int unm)
 {
 	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
 	int s = socket(AF_INET6, SOCK_STREAM, 0), bad = 0;
@@ -714,6 +773,8 @@ static int client(const char *host, int port, size_t mib, int cut_check,
 		return acks_check(&e, s, &peer);
 	if (badm || bada)
 		return bad_middle(&e, s, &peer, &cmd, bada);
+	if (unm)
+		return unmapped(&e, s, &peer, &cmd, unm == 2);
 	if (cut_check) {
 		struct ibv_wc wc;
 
@@ -802,7 +863,9 @@ int main(int argc, char **argv)
 			      argc > 5 && !strcmp(argv[5], "--cut-check"),
 			      argc > 5 && !strcmp(argv[5], "--acks"),
 			      argc > 5 && !strcmp(argv[5], "--bad-middle"),
-			      argc > 5 && !strcmp(argv[5], "--bad-middle-atomic"));
+			      argc > 5 && !strcmp(argv[5], "--bad-middle-atomic"),
+			      argc <= 5 ? 0 : !strcmp(argv[5], "--unmapped") ? 2 :
+			      !strcmp(argv[5], "--hole"));
 	fprintf(stderr, "usage: xfer server PORT | xfer client IP PORT MIB "
 		"[--cut-check|--acks|--bad-middle|--bad-middle-atomic]\n");
 	return 2;

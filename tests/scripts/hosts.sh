@@ -101,6 +101,27 @@ refused_middle() { # PORT FLAG WHAT
 refused_middle 7250 --bad-middle WRITE
 refused_middle 7251 --bad-middle-atomic atomic
 
+# 1d. a WRITE into registered memory the server unmapped (and mapped anew):
+# refused by the watched MR; with the server's URSA_UFFD=0, into the hole,
+# by the responder's fault guard; the server lives (design.md, "Memory
+# unmapped under an MR")
+unmapped_write() { # PORT FLAG SERVER_ENV
+	ip netns exec $H1 $RUN $3 timeout 60 "$XFER" server $1 >"$tmp/s" 2>&1 &
+	spid=$!
+	ip netns exec $H2 $RUN timeout 60 "$XFER" client $IP1 $1 1 $2 >"$tmp/c" 2>&1
+	crc=$?
+	wait $spid
+	src=$?
+	sed 's/^/    /' "$tmp/c"
+	if [ $crc = 0 ] && [ $src = 0 ] && grep -q "^ok WRITE into" "$tmp/c"; then
+		ok "WRITE into unmapped registered memory ($2${3:+, $3}): refused, server alive"
+	else
+		bad "WRITE into unmapped registered memory ($2${3:+, $3})" "client $crc, server $src"
+	fi
+}
+unmapped_write 7252 --unmapped ""
+unmapped_write 7253 --hole URSA_UFFD=0
+
 # 2a. over IPv6: RoCEv2 GIDs that are IPv6 addresses
 XHOST=$IP61 SRV_ENV= CLI_ENV= xfer_pair "RC $((MIB / 8)) MiB over IPv6" "$((MIB / 8))"
 
