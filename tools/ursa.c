@@ -58,9 +58,9 @@ static void usage(FILE *f)
 		"  setup [--undo]          (root) make ursa the device of every program on\n"
 		"                          this host, however started: /etc/ld.so.preload,\n"
 		"                          /etc/ld.so.conf.d; --undo removes it\n"
-		"  version                 print the version\n"
-		"Environment: URSA_DEVICE_NAME (device name, default ursa0), URSA_NETDEV\n"
-		"(interface whose MTU the port follows), URSA_LOG=0|1|2, URSA_SPIN_US.\n");
+		"  config                  the URSA_* environment variables: effective\n"
+		"                          values, defaults, bounds, what each does\n"
+		"  version                 print the version\n");
 }
 
 static struct ibv_context *open_first(void)
@@ -789,6 +789,10 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "stats")) {
 		setenv("URSA_STATS", "1", 1);
 		return cmd_run(argc - 1, argv + 1);
+	}
+	if (!strcmp(argv[1], "config")) {
+		ursa_config_print(stdout);
+		return 0;
 	}
 	if (!strcmp(argv[1], "version")) {
 		printf("%s\n", ursa_version());

@@ -15,6 +15,7 @@
 
 #include <infiniband/verbs.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,6 +66,11 @@ int64_t ursa_pinned_total(void);
  * (userfaultfd refused by the kernel or a seccomp profile, or URSA_UFFD=0:
  * an MR then follows its addresses). */
 int ursa_unmap_watch(void);
+
+/* Print every URSA_* environment variable ursa reads: its effective value
+ * in this process, its default and bounds, and what it does (`ursa
+ * config`). */
+void ursa_config_print(FILE *f);
 
 /*
  * Memory that same-host peers map: len bytes (rounded up to 4 KiB pages),

@@ -173,7 +173,7 @@ int ursa_device_refresh_gids(struct ursa_device *d)
 /* Pick the interface whose MTU and MAC the device follows. */
 static void follow_netdev(struct ursa_device *d)
 {
-	const char *want = getenv("URSA_NETDEV");
+	const char *want = *ursa_cfg()->netdev ? ursa_cfg()->netdev : NULL;
 	struct ifaddrs *ifa, *pick = NULL, *lo = NULL;
 	uint8_t mac[6] = { 0 };
 	int ifmtu = 1500, fd;
@@ -279,9 +279,9 @@ static void dev_atfork_child(void)
 static void dev_init(void)
 {
 	struct ursa_device *d = &the_dev;
-	const char *name = getenv("URSA_DEVICE_NAME");
+	const char *name = ursa_cfg()->device_name;
 
-	if (!name || !*name || strlen(name) >= IBV_SYSFS_NAME_MAX)
+	if (!*name || strlen(name) >= IBV_SYSFS_NAME_MAX)
 		name = "ursa0";
 	d->ibdev.node_type = IBV_NODE_CA;
 	d->ibdev.transport_type = IBV_TRANSPORT_IB;
@@ -320,9 +320,7 @@ void ursa_device_attr(struct ursa_device *d, struct ibv_device_attr *a)
 	a->vendor_id = URSA_VENDOR_ID;
 	/* URSA_VENDOR_PART_ID lets tests impersonate a part id that makes
 	 * perftest choose its ibv_wr_* post path (4119: ConnectX-5). */
-	a->vendor_part_id = (uint32_t)ursa_env_long("URSA_VENDOR_PART_ID",
-						    URSA_VENDOR_PART, 0,
-						    0xffffff);
+	a->vendor_part_id = (uint32_t)ursa_cfg()->vendor_part_id;
 	a->hw_ver = URSA_HW_VER;
 	a->max_qp = URSA_MAX_QP;
 	a->max_qp_wr = URSA_MAX_QP_WR;

@@ -30,7 +30,7 @@ static bool pub_enabled(void)
 {
 	/* Requesters that may not use cross-memory attach can still use
 	 * the MRs whose pages they can map. */
-	return ursa_env_long("URSA_DIRECT", 1, 0, 1);
+	return ursa_cfg()->direct;
 }
 
 static void life_init(pthread_mutex_t *l)

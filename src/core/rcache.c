@@ -12,22 +12,18 @@
 #include "pin.h"
 #include "../util/util.h"
 
-#define RC_DEFAULT_ENTRIES 256
-#define RC_DEFAULT_MB 256
 
 void ursa_rcache_init(struct ursa_rcache *rc, struct ursa_pinmap *pins)
 {
 	memset(rc, 0, sizeof(*rc));
 	pthread_mutex_init(&rc->mu, NULL);
 	rc->pins = pins;
-	rc->max_n = (uint32_t)ursa_env_long("URSA_RCACHE_ENTRIES",
-					    RC_DEFAULT_ENTRIES, 0, 1 << 20);
-	rc->max_bytes = (uint64_t)ursa_env_long("URSA_RCACHE_MB", RC_DEFAULT_MB,
-						0, 1 << 30) << 20;
+	rc->max_n = (uint32_t)ursa_cfg()->rcache_entries;
+	rc->max_bytes = (uint64_t)ursa_cfg()->rcache_mb << 20;
 	/* Parked pins must leave room under the limit for live MRs. */
 	if (pins->limit != UINT64_MAX)
 		rc->max_bytes = MIN(rc->max_bytes, pins->limit / 2);
-	if (!ursa_env_long("URSA_RCACHE", 1, 0, 1))
+	if (!ursa_cfg()->rcache)
 		rc->max_n = 0;
 }
 

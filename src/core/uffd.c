@@ -94,7 +94,7 @@ static int open_locked(void)
 	pthread_t t;
 	int fd;
 
-	if (!ursa_env_long("URSA_UFFD", 1, 0, 1))
+	if (!ursa_cfg()->uffd)
 		return -2;
 	fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
 	if (fd < 0) {

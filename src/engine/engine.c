@@ -477,12 +477,10 @@ int ursa_engine_start(struct ursa_ctx *ctx)
 		return -ENOMEM;
 	e->ctx = ctx;
 	e->efd = e->epfd = e->ctl_fd = -1;
-	e->quiet_ns = (uint64_t)ursa_env_long("URSA_QUIET_US", 1000, 0, 1000000) * 1000;
+	e->quiet_ns = (uint64_t)ursa_cfg()->quiet_us * 1000;
 	e->quiet_cur = e->quiet_ns;
-	e->spin_ns = (uint64_t)ursa_env_long("URSA_SPIN_US", 20, 0, 1000000) *
-		     1000ull;
-	e->spin_max_ns = (uint64_t)ursa_env_long("URSA_SPIN_MAX_US", 300, 0,
-						 1000000) * 1000ull;
+	e->spin_ns = (uint64_t)ursa_cfg()->spin_us * 1000;
+	e->spin_max_ns = (uint64_t)ursa_cfg()->spin_max_us * 1000;
 	e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	e->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (e->efd < 0 || e->epfd < 0) {

@@ -20,6 +20,7 @@
  * URSA_CM_TIMEOUT_MS / URSA_CM_RETRIES say otherwise.
  */
 #include "cma.h"
+#include "../util/config.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -998,16 +999,13 @@ int cm_start(void)
 {
 	struct epoll_event ev = { .events = EPOLLIN };
 	sigset_t all, old;
-	const char *s;
 	int r;
 
 	if (ep_fd >= 0)
 		return 0;
-	if ((s = getenv("URSA_CM_TIMEOUT_MS")))
-		cfg_timeout_ms = (unsigned)strtoul(s, NULL, 0);
-	cfg_trace = getenv("URSA_CM_TRACE") != NULL;
-	if ((s = getenv("URSA_CM_RETRIES")))
-		cfg_retries = (unsigned)strtoul(s, NULL, 0);
+	cfg_timeout_ms = (unsigned)ursa_cfg()->cm_timeout_ms;
+	cfg_trace = ursa_cfg()->cm_trace;
+	cfg_retries = (unsigned)ursa_cfg()->cm_retries;
 	ep_fd = epoll_create1(EPOLL_CLOEXEC);
 	wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (ep_fd < 0 || wake_fd < 0)

@@ -229,19 +229,6 @@ static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
  */
 #define RING_SOON_NS 20000ull
 
-/* An environment setting in µs, read once, in ns. */
-static uint64_t env_ns_once(atomic_uint_fast64_t *v, const char *name,
-			    long def_us, long max_us)
-{
-	uint64_t x = atomic_load_explicit(v, memory_order_relaxed);
-
-	if (!x) {	/* (0: not read yet; else value + 1) */
-		x = (uint64_t)ursa_env_long(name, def_us, 0, max_us) * 1000 + 1;
-		atomic_store_explicit(v, x, memory_order_relaxed);
-	}
-	return x - 1;
-}
-
 static void ring_peer(struct ursa_chan *c)
 {
 	uint64_t one = 1, now;
@@ -255,16 +242,15 @@ static void ring_peer(struct ursa_chan *c)
 	/* (acquire: the wake_by the engine stored before "sleeping") */
 	now = ursa_now_ns();
 	if (c->peer_ctl->version >= 2) {
-		static atomic_uint_fast64_t app_ns, wake_ns;
+		const struct ursa_config *cfg = ursa_cfg();
 		uint64_t wake = atomic_load_explicit(&c->peer_ctl->wake_by,
 						     memory_order_relaxed);
 
 		if (wake < now + RING_SOON_NS ||
 		    (now - atomic_load_explicit(&c->peer_ctl->app_poll_ns,
 						memory_order_relaxed) <
-		     env_ns_once(&app_ns, "URSA_RING_APP_US", 50, 1000000) &&
-		     wake < now + env_ns_once(&wake_ns, "URSA_RING_WAKE_US",
-					      2000, 100000000)))
+		     (uint64_t)cfg->ring_app_us * 1000 &&
+		     wake < now + (uint64_t)cfg->ring_wake_us * 1000))
 			return;
 	}
 	if (write(c->peer_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
@@ -432,12 +418,12 @@ static void direct_setup(struct ursa_chan *c, int fd,
 		     rv = { (void *)(uintptr_t)wl->probe_addr, 8 };
 
 	if (wl->qp_slot < 0 || (uint32_t)wl->qp_slot >= URSA_PUB_QPS ||
-	    !ursa_env_long("URSA_DIRECT", 1, 0, 1))
+	    !ursa_cfg()->direct)
 		return;
-	c->dcma = ursa_env_long("URSA_CMA", 1, 0, 1) &&
+	c->dcma = ursa_cfg()->cma &&
 		  process_vm_readv(c->peer_pid, &l, 1, &rv, 1, 0) == 8 &&
 		  v == wl->probe_val;
-	c->dnomap = !ursa_env_long("URSA_MAP", 1, 0, 1) ||
+	c->dnomap = !ursa_cfg()->map ||
 		    !proc_fd_same(c->peer_pid, wl->pub_fd, fd);
 	if (!c->dcma && c->dnomap)
 		return;
@@ -1306,7 +1292,7 @@ static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 		atomic_fetch_add(&c->qp->cnt.refused_chans, 1);
 	/* Can we reach the requester's memory? Try it on a word whose value
 	 * we know. URSA_CMA=0 forces the slot path (tests, benchmarks). */
-	if (ursa_env_long("URSA_CMA", 1, 0, 1)) {
+	if (ursa_cfg()->cma) {
 		uint64_t v = 0;
 		struct iovec l = { &v, 8 }, rv = { (void *)(uintptr_t)h.probe_addr, 8 };
 

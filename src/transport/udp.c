@@ -767,7 +767,7 @@ static void gro_on(int fd)
 {
 	int one = 1;
 
-	if (gso_on() && ursa_env_long("URSA_GRO", 1, 0, 1))
+	if (gso_on() && ursa_cfg()->gro)
 		setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof(one));
 }
 
@@ -919,8 +919,7 @@ URSA_EXPORT long ursa_roce_port_uid(void)
 	uint16_t port = U.port;
 
 	if (!port)	/* no context yet: the port one would take */
-		port = (uint16_t)ursa_env_long("URSA_UDP_PORT", ROCE_UDP_PORT,
-					       1, 65535);
+		port = (uint16_t)ursa_cfg()->udp_port;
 	return port_holder(port);
 }
 
@@ -1017,12 +1016,12 @@ int ursa_udp_start(struct ursa_ctx *ctx)
 	pthread_mutex_lock(&U.lock);
 	if (!U.tried) {
 		U.tried = true;
-		U.port = (uint16_t)ursa_env_long("URSA_UDP_PORT", ROCE_UDP_PORT, 1, 65535);
-		s = getenv("URSA_FAULT");
-		if (s && *s)
+		U.port = (uint16_t)ursa_cfg()->udp_port;
+		s = ursa_cfg()->fault;
+		if (*s)
 			ursa_udp_fault(s);
-		s = getenv("URSA_PCAP");
-		if (s && *s)
+		s = ursa_cfg()->pcap;
+		if (*s)
 			pcap_open(s);
 	}
 	if (!U.socks_tried) {
@@ -1219,7 +1218,7 @@ static bool gso_on(void)
 	int st = atomic_load_explicit(&gso_state, memory_order_relaxed);
 
 	if (!st) {
-		st = ursa_env_long("URSA_GSO", 1, 0, 1) ? 1 : -1;
+		st = ursa_cfg()->gso ? 1 : -1;
 		atomic_store_explicit(&gso_state, st, memory_order_relaxed);
 	}
 	return st > 0;
@@ -1919,11 +1918,7 @@ static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, const addr_t *to,
 
 static uint64_t ack_delay_ns(void)
 {
-	static long us = -1;
-
-	if (us < 0)
-		us = ursa_env_long("URSA_ACK_DELAY_US", 50, 0, 500);
-	return (uint64_t)us * 1000;
+	return (uint64_t)ursa_cfg()->ack_delay_us * 1000;
 }
 
 static void ack_later(struct ursa_qp *qp, struct ursa_uqp *u,
@@ -2280,13 +2275,9 @@ static uint64_t after(uint64_t now, uint64_t d)
  */
 static uint64_t rto_ns(struct ursa_qp *qp)
 {
-	static long rto_us = -1;
 	struct ursa_uqp *u = qp->udp;
-	uint64_t floor, r;
+	uint64_t floor = (uint64_t)ursa_cfg()->rto_us * 1000, r;
 
-	if (rto_us < 0)
-		rto_us = ursa_env_long("URSA_RTO_US", 1000, 10, 10000000);
-	floor = (uint64_t)rto_us * 1000;
 	r = u->srtt ? MAX(floor, u->srtt + 4 * u->rttvar) : floor;
 	r <<= MIN(u->backoff, 8u);
 	return MIN(timeout_ns(qp), r);

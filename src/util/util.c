@@ -20,13 +20,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-static int log_level = -1;
-
 int ursa_log_level(void)
 {
-	if (log_level < 0)
-		log_level = (int)ursa_env_long("URSA_LOG", 0, 0, 9);
-	return log_level;
+	return (int)ursa_cfg()->log;
 }
 
 void ursa_log(int level, const char *fmt, ...)
@@ -34,7 +30,8 @@ void ursa_log(int level, const char *fmt, ...)
 	va_list ap;
 	char buf[512];
 
-	if (level > ursa_log_level())
+	/* (errors never ask the configuration: its parsing logs them) */
+	if (level > URSA_LOG_ERR && level > ursa_log_level())
 		return;
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "config.h"
+
 #define URSA_HIDDEN __attribute__((visibility("hidden")))
 #define URSA_EXPORT __attribute__((visibility("default")))
 

@@ -120,7 +120,7 @@ static void acks_at_exit(void)
 static void exit_hooks(void)
 {
 	atexit(acks_at_exit);
-	if (getenv("URSA_STATS"))
+	if (ursa_cfg()->stats)
 		atexit(ursa_stats_exit);
 }
 

@@ -79,6 +79,11 @@ EXPORT int64_t ursa_pinned_total(void)
 	return dev ? (int64_t)ursa_pinned_bytes(&dev->pins) : -ENODEV;
 }
 
+EXPORT void ursa_config_print(FILE *f)
+{
+	ursa_cfg_print(f);
+}
+
 EXPORT int ursa_unmap_watch(void)
 {
 	return ursa_device_get() && ursa_uffd_active();
@@ -225,7 +230,7 @@ void ursa_stats_qp(struct ursa_qp *qp)
 {
 	struct ursa_qp_stats st;
 
-	if (!getenv("URSA_STATS"))
+	if (!ursa_cfg()->stats)
 		return;
 	ursa_qp_stats(&qp->ex.qp_base, &st);
 	fprintf(stderr, "ursa stats: qp 0x%06x: %" PRIu64 " sends %" PRIu64
