@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "../util/util.h"
+#include "hooks.h"
 #include "keytab.h"
 #include "mtt.h"
 #include "pin.h"
@@ -380,7 +381,6 @@ static inline int qp_state(struct ursa_qp *qp)
 
 struct ursa_engine;
 /* engine.c: in a fork child, close the sockets of an inherited engine. */
-void ursa_engine_forget(struct ursa_engine *e);
 
 /* device.c */
 struct ursa_device *ursa_device_get(void);

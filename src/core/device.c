@@ -250,18 +250,17 @@ static void follow_netdev(struct ursa_device *d)
 	memcpy(&d->node_guid, g, 8);
 }
 
-void ursa_loop_atfork_child(void);
-void ursa_udp_atfork_child(void);
-
 /* The child of fork() starts with a device of its own: no keys, no pins
  * (mlock is not inherited), no contexts, no QPs (see loop.c). */
+struct ursa_hooks ursa_hooks;
+
 static void dev_atfork_child(void)
 {
 	struct ursa_device *d = &the_dev;
 
 	for (struct ursa_ctx *c = d->ctxs; c; c = c->next_ctx)
 		if (c->eng)
-			ursa_engine_forget(c->eng);
+			ursa_hooks.engine_forget(c->eng);
 	d->ctxs = NULL;
 	pthread_mutex_init(&d->ctx_lock, NULL);
 	d->keys.slots = NULL;
@@ -270,8 +269,8 @@ static void dev_atfork_child(void)
 	ursa_pinmap_init(&d->pins, &real_pin_ops, memlock_limit());
 	/* (the parent's parked entries pin nothing here: forgotten) */
 	ursa_rcache_init(&d->rcache, &d->pins);
-	ursa_loop_atfork_child();
-	ursa_udp_atfork_child();
+	ursa_hooks.loop_atfork_child();
+	ursa_hooks.udp_atfork_child();
 	ursa_pub_atfork_child();
 	ursa_uffd_atfork_child();
 }

@@ -143,7 +143,7 @@ void ursa_async_event(struct ursa_ctx *ctx, enum ibv_event_type type,
 		ev->element.port_num = 1;
 		break;
 	}
-	ursa_dbg("async event %s", ibv_event_type_str(type));
+	ursa_dbg("async event %d (enum ibv_event_type)", (int)type);
 	if (ursa_evq_push(&ctx->async, ev))
 		free(ev);
 }

@@ -18,7 +18,6 @@
  */
 #include "core.h"
 #include "pub.h"
-#include "../transport/shm.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -55,7 +54,7 @@ static void wait_idle(struct ursa_keyed *k)
 static void unpublish(struct ursa_mr *mr)
 {
 	if (ursa_pub_mr_del(mr))
-		ursa_shm_quiesce(to_uctx(mr->pd->ibv.context));
+		ursa_hooks.quiesce(to_uctx(mr->pd->ibv.context));
 }
 
 /* Pin [ps, pe), once more after flushing the registration cache if the

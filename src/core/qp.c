@@ -10,9 +10,8 @@
  * returns an errno; everything that needs a memory key or the peer is
  * checked when the engine executes the WQE and reported as a completion.
  */
+#include "core.h"
 #include "pub.h"
-#include "../transport/shm.h"
-#include "../transport/udp.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -141,12 +140,12 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 	qp->ex.qp_base.srq = ia->srq;
 	qp->ex.qp_base.qp_type = ia->qp_type;
 	qp->ex.qp_base.state = IBV_QPS_RESET;
-	ret = ursa_loop_add(qp);
+	ret = ursa_hooks.qp_add(qp);
 	if (ret)
 		goto err_rq;
-	ret = ursa_uqp_init(qp);
+	ret = ursa_hooks.uqp_init(qp);
 	if (ret) {
-		ursa_loop_del(qp);
+		ursa_hooks.qp_del(qp);
 		goto err_rq;
 	}
 	qp->ex.qp_base.handle = qp->ex.qp_base.qp_num;
@@ -202,7 +201,7 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 	struct ursa_ctx *ctx = qp->ctx;
 
 	/* No responder can find the QP after this, and none still runs. */
-	ursa_loop_del(qp);
+	ursa_hooks.qp_del(qp);
 	ursa_mutex_lock(&ctx->qp_lock);
 	for (struct ursa_qp **pp = &ctx->qps; *pp; pp = &(*pp)->next)
 		if (*pp == qp) {
@@ -210,12 +209,12 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 			break;
 		}
 	/* Peers with channels to this QP see them close. */
-	ursa_shm_qp_close(qp);
-	ursa_shm_unlisten(qp);
+	ursa_hooks.chans_close(qp);
+	ursa_hooks.unlisten(qp);
 	ursa_mutex_unlock(&ctx->qp_lock);
 	/* Only now: a pass (engine or application, under qp_lock) walks
 	 * ctx->qps and reads qp->udp (held ACKs, send steps). */
-	ursa_uqp_fini(qp);
+	ursa_hooks.uqp_fini(qp);
 	ursa_pub_qp_free(qp);
 	qp_clean_cqs(qp);
 	atomic_fetch_sub(&qp->pd->refs, 1);
@@ -283,7 +282,7 @@ void ursa_qp_to_error(struct ursa_qp *qp, bool sq_error_only)
 		}
 	}
 	if (qp->ctx->eng)
-		ursa_engine_kick(qp->ctx->eng); /* flush the send queue */
+		ursa_hooks.kick(qp->ctx->eng); /* flush the send queue */
 }
 
 static bool av_ok(const struct ibv_ah_attr *av)
@@ -397,7 +396,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		pthread_mutex_lock(&qp->rq_lock);
 		atomic_store(&qp->sq.head, atomic_load(&qp->sq.tail));
 		/* Sequence state of channels restarts with the QP. */
-		ursa_shm_qp_close(qp);
+		ursa_hooks.chans_close(qp);
 		if (!qp->srq)
 			atomic_store(&qp->rq.ring.head,
 				     atomic_load(&qp->rq.ring.tail));
@@ -408,7 +407,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		ursa_pub_qp_update(qp);
 		pthread_mutex_unlock(&qp->state_lock);
 		ursa_mutex_unlock(&ctx->qp_lock);
-		ursa_uqp_modified(qp, mask);
+		ursa_hooks.uqp_modified(qp, mask);
 		return 0;
 	}
 	if (next == IBV_QPS_ERR) {
@@ -416,7 +415,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		if (eng)
 			ursa_mutex_unlock(&ctx->qp_lock);
 		ursa_qp_to_error(qp, false);
-		ursa_uqp_modified(qp, mask);
+		ursa_hooks.uqp_modified(qp, mask);
 		return 0;
 	}
 	if (next == IBV_QPS_SQD && cur != IBV_QPS_SQD) {
@@ -434,9 +433,9 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	pthread_mutex_unlock(&qp->state_lock);
 	if (eng)
 		ursa_mutex_unlock(&ctx->qp_lock);
-	ursa_uqp_modified(qp, mask);
+	ursa_hooks.uqp_modified(qp, mask);
 	if (next == IBV_QPS_RTS && ctx->eng)
-		ursa_engine_kick(ctx->eng);
+		ursa_hooks.kick(ctx->eng);
 	return 0;
 }
 
@@ -495,7 +494,7 @@ void ursa_sq_publish(struct ursa_qp *qp, uint32_t n)
 	/* Start the work right here when the engine is not busy with
 	 * another pass (kernel bypass: no system call, no context switch);
 	 * wake the engine only if something is left that nobody started. */
-	if (ursa_engine_progress_qp(qp) >= 0) {
+	if (ursa_hooks.progress_qp(qp) >= 0) {
 		uint32_t ready = ursa_ring_ready(&qp->sq);
 		struct ursa_send_wqe *w;
 
@@ -520,7 +519,7 @@ void ursa_sq_publish(struct ursa_qp *qp, uint32_t n)
 		    __atomic_load_n(&w->via_udp, __ATOMIC_RELAXED))
 			return;
 	}
-	ursa_engine_kick(qp->ctx->eng);
+	ursa_hooks.kick(qp->ctx->eng);
 }
 
 static bool can_post_send(int st)
@@ -606,7 +605,7 @@ post_send_ring(struct ursa_qp *qp, struct ibv_send_wr *wr,
 	uint32_t n = 0;
 	int ret = 0;
 
-	ursa_shm_prefetch_next(qp);
+	ursa_hooks.prefetch_next(qp);
 	pthread_mutex_lock(&qp->sq_lock);
 	if (!can_post_send(qp_state(qp))) {
 		ret = -EINVAL;
@@ -615,7 +614,7 @@ post_send_ring(struct ursa_qp *qp, struct ibv_send_wr *wr,
 	}
 	for (; wr; wr = wr->next) {
 		/* (a list's WRs, while nothing of it waits in the ring: order) */
-		if (list && !n && ursa_req_direct(qp, wr))
+		if (list && !n && ursa_hooks.post_direct(qp, wr))
 			continue;
 		if (n >= ursa_ring_space(&qp->sq)) {
 			ret = -ENOMEM;
@@ -638,7 +637,7 @@ int ursa_post_send(struct ursa_qp *qp, struct ibv_send_wr *wr,
 		   struct ibv_send_wr **bad)
 {
 	/* One WR: the shortcut needs no sq_lock (ursa_req_direct) */
-	if (wr && !wr->next && ursa_req_direct(qp, wr))
+	if (wr && !wr->next && ursa_hooks.post_direct(qp, wr))
 		return 0;
 	return post_send_ring(qp, wr, bad);
 }

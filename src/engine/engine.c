@@ -527,6 +527,14 @@ err:
 	return ret;
 }
 
+__attribute__((constructor)) static void engine_hooks(void)
+{
+	ursa_hooks.post_direct = ursa_req_direct;
+	ursa_hooks.progress_qp = ursa_engine_progress_qp;
+	ursa_hooks.kick = ursa_engine_kick;
+	ursa_hooks.engine_forget = ursa_engine_forget;
+}
+
 void ursa_engine_forget(struct ursa_engine *e)
 {
 	for (struct ursa_chan *c = e->served; c; c = c->next)

@@ -80,6 +80,7 @@ int ursa_engine_start(struct ursa_ctx *ctx);
 void ursa_engine_stop(struct ursa_ctx *ctx);
 /* Doorbell: wakes the engine if (and only if) it sleeps. */
 void ursa_engine_kick(struct ursa_engine *e);
+void ursa_engine_forget(struct ursa_engine *e);
 /* The context whose pass this thread is running (NULL outside a pass): its
  * send queues run after the receive step of the same pass, so news for
  * them needs no doorbell. */

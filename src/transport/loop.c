@@ -161,6 +161,13 @@ enum ursa_route ursa_loop_route(struct ursa_qp *qp, const union ibv_gid *dgid,
  * inherited registration. Memory of the copies is left alone: freeing
  * objects another thread was using at fork time is not safe.
  */
+__attribute__((constructor)) static void loop_hooks(void)
+{
+	ursa_hooks.qp_add = ursa_loop_add;
+	ursa_hooks.qp_del = ursa_loop_del;
+	ursa_hooks.loop_atfork_child = ursa_loop_atfork_child;
+}
+
 void ursa_loop_atfork_child(void)
 {
 	for (unsigned b = 0; b < NBUCKETS; b++) {

@@ -983,6 +983,14 @@ bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	return true;
 }
 
+__attribute__((constructor)) static void shm_hooks(void)
+{
+	ursa_hooks.chans_close = ursa_shm_qp_close;
+	ursa_hooks.unlisten = ursa_shm_unlisten;
+	ursa_hooks.prefetch_next = ursa_shm_prefetch_next;
+	ursa_hooks.quiesce = ursa_shm_quiesce;
+}
+
 void ursa_shm_quiesce(struct ursa_ctx *ctx)
 {
 	struct ursa_engine *e = ctx->eng;

@@ -3622,6 +3622,14 @@ int ursa_udp_poll(void)
  * own with its first context. The QPs it inherited are the parent's
  * (transport/loop.c): their sockets are closed too.
  */
+__attribute__((constructor)) static void udp_hooks(void)
+{
+	ursa_hooks.uqp_init = ursa_uqp_init;
+	ursa_hooks.uqp_modified = ursa_uqp_modified;
+	ursa_hooks.uqp_fini = ursa_uqp_fini;
+	ursa_hooks.udp_atfork_child = ursa_udp_atfork_child;
+}
+
 void ursa_udp_atfork_child(void)
 {
 	pthread_mutex_init(&U.lock, NULL);
