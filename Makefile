@@ -152,7 +152,8 @@ $(BUILD)/tests/xfer: tests/hosts/xfer.c $(LIB) $(BUILD)/lib/libibverbs.so
 UNIT_DEPS := src/core/keytab.c src/core/pin.c src/core/mtt.c src/core/vma.c src/proto/roce.c \
 	src/proto/cm.c \
 	src/core/pub.c src/core/rcache.c \
-	src/core/qpstate.c src/util/util.c apps/kv/kv_table.c apps/kv/kv_common.c
+	src/core/qpstate.c src/util/util.c src/util/config.c apps/kv/kv_table.c \
+	apps/kv/kv_common.c
 $(BUILD)/tests/unit_%: tests/unit/%.c $(HARNESS) tests/harness.h $(UNIT_DEPS) \
 		$(wildcard src/*/*.h) $(wildcard apps/kv/*.h) include/ursa/ursa.h
 	@mkdir -p $(dir $@)
