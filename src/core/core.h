@@ -35,19 +35,7 @@
 #include "rcache.h"
 #include "shmap.h"
 
-/* Device limits (documented in docs/design.md; advertised by query_device). */
-#define URSA_MAX_SGE 32
-#define URSA_MAX_INLINE 256
-#define URSA_MAX_QP_WR 16384
-#define URSA_MAX_CQE 262144
-#define URSA_MAX_QP 65536
-/* READs and atomics outstanding per QP, either way: rxe's 128, so that
- * perftest, which gives each side the other's count, runs against it */
-#define URSA_MAX_RD_ATOM 128
-#define URSA_MAX_SRQ_WR 16384
-#define URSA_MAX_MR_SIZE (1ull << 40)
-#define URSA_MAX_MSG_SZ (1u << 31)
-#define URSA_MAX_GIDS 32
+/* (the device's limits: util/limits.h) */
 #define URSA_VENDOR_ID 0xffffff /* as rxe: no IEEE OUI of its own */
 #define URSA_VENDOR_PART 0x5552 /* "UR"; not an mlx5/efa part id */
 #define URSA_HW_VER 1

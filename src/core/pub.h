@@ -39,10 +39,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../util/limits.h"
+
 #define URSA_PUB_MAGIC 0x55505532u /* "UPU2" */
-#define URSA_PUB_QPS 4096u
-#define URSA_PUB_MRS 4096u	/* power of two */
-#define URSA_PUB_PROBE 8u	/* slots a key may be placed from its hash */
 
 /* QP word: qpn (24 bits) | flags << 24 | pd << 32. */
 #define URSA_PUBQ_ACCEPT (1u << 0)	/* RTR, RTS, SQD or SQE */

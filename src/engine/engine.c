@@ -36,32 +36,29 @@
 #include "../transport/shm.h"
 #include "../transport/udp.h"
 
-#define EVENT_POLL_NS 200000ull	/* a busy engine still looks at sockets */
-/* While there was work in the last RECENT_NS, a sleeping engine wakes at
- * least every TICK_NS. Then a timer an application's pass sets (an ACK
- * timeout, at least 1 ms ahead) is usually later than the engine's wake-up
- * and needs no doorbell: a ping-pong no longer wakes the engine once per
- * message. An engine idle for longer sleeps until something happens. */
-#define TICK_NS 1000000ull
-#define RECENT_NS 100000000ull
+/* While there was work in the last URSA_ENG_RECENT_NS, a sleeping engine
+ * wakes at least every URSA_ENG_TICK_NS. Then a timer an application's pass
+ * sets (an ACK timeout, at least 1 ms ahead) is usually later than the
+ * engine's wake-up and needs no doorbell: a ping-pong no longer wakes the
+ * engine once per message. An engine idle for longer sleeps until something
+ * happens. */
 
 /* An application thread that polls (ibv_poll_cq) holds the context's lock
- * most of the time, doing the engine's work itself. The engine then does
- * not queue for the lock: every wait would cost the application a futex
- * wake on its critical path, and the engine's pass would take the packets
- * the application is about to read. It takes the lock only if it is free,
- * and otherwise looks again after APP_POLL_NS. An application's pass in
+ * most of the time, doing the engine's work itself. The engine then does not
+ * queue for the lock: every wait would cost the application a futex wake on
+ * its critical path, and the engine's pass would take the packets the
+ * application is about to read. It takes the lock only if it is free, and
+ * otherwise looks again after URSA_ENG_APP_POLL_NS. An application's pass in
  * progress counts too: one that sends a RoCEv2 window lasts longer than
- * APP_POLL_NS (each sendmmsg carries its packets through the whole veth
- * path), and a 1 MiB WRITE stream had the engine queue for the lock, and
+ * URSA_ENG_APP_POLL_NS (each sendmmsg carries its packets through the whole
+ * veth path), and a 1 MiB WRITE stream had the engine queue for the lock, and
  * the application wake it, 2000 times a second. */
-#define APP_POLL_NS 50000ull
 
 static bool lock_unless_app(struct ursa_engine *e, uint64_t now)
 {
 	if (atomic_load_explicit(&e->app_in_pass, memory_order_relaxed) ||
 	    now - atomic_load_explicit(&e->app_pass_ns, memory_order_relaxed) <
-	    APP_POLL_NS)
+	    URSA_ENG_APP_POLL_NS)
 		return ursa_mutex_trylock(&e->ctx->qp_lock);
 	ursa_mutex_lock(&e->ctx->qp_lock);
 	return true;
@@ -75,7 +72,8 @@ static bool any_pending(struct ursa_engine *e, uint64_t now,
 
 	if (!lock_unless_app(e, now)) {
 		/* (what the application's pass leaves, we see soon) */
-		*deadline = MIN(*deadline, now + MAX(APP_POLL_NS, e->quiet_cur));
+		*deadline = MIN(*deadline,
+				now + MAX(URSA_ENG_APP_POLL_NS, e->quiet_cur));
 		return false;
 	}
 	p = ursa_shm_serve_pending(ctx->eng);
@@ -293,8 +291,8 @@ static uint64_t tick(struct ursa_engine *e, uint64_t now, uint64_t deadline)
 {
 	uint64_t a = atomic_load_explicit(&e->active_ns, memory_order_relaxed);
 
-	if (now - a < RECENT_NS && deadline > now + TICK_NS)
-		return now + TICK_NS;
+	if (now - a < URSA_ENG_RECENT_NS && deadline > now + URSA_ENG_TICK_NS)
+		return now + URSA_ENG_TICK_NS;
 	return deadline;
 }
 
@@ -340,7 +338,7 @@ static void *engine_main(void *arg)
 			work += pass(ctx, &now, &deadline, true);
 			ursa_mutex_unlock(&ctx->qp_lock);
 		}
-		if (now - last_events > EVENT_POLL_NS) {
+		if (now - last_events > URSA_ENG_EVENT_POLL_NS) {
 			/* connection requests and peer deaths, even when
 			 * the engine never gets to sleep */
 			handle_events(e, 0, NULL);
@@ -379,7 +377,7 @@ static void *engine_main(void *arg)
 
 			/* (quiet time off: try again after a while) */
 			if (!e->quiet_cur && e->quiet_ns &&
-			    ursa_now_ns() - e->quiet_off > RECENT_NS)
+			    ursa_now_ns() - e->quiet_off > URSA_ENG_RECENT_NS)
 				e->quiet_cur = e->quiet_ns;
 			for (;;) {
 				uint64_t until, app;

@@ -21,6 +21,7 @@
  */
 #include "cma.h"
 #include "../util/config.h"
+#include "../util/limits.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -39,17 +40,12 @@
 
 #include "../../include/ursa/ursa.h"
 
-#define CM_RESPONSE_TIMEOUT 20	/* CMA_CM_RESPONSE_TIMEOUT: 4096 ms */
-#define CM_LIFETIME 16		/* CMA_IBOE_PACKET_LIFETIME */
-#define CM_MAX_RETRIES 15	/* CMA_MAX_CM_RETRIES */
-#define CM_MRA_TIMEOUT 24	/* CMA_CM_MRA_SETTING */
-#define CM_ACK_DELAY 15		/* our local CA ACK delay, as rxe's */
 
 static int ep_fd = -1, wake_fd = -1;
 static pthread_t thr;
 
 /* URSA_CM_TIMEOUT_MS / URSA_CM_RETRIES, read once (cm_start) */
-static unsigned cfg_timeout_ms, cfg_retries = CM_MAX_RETRIES;
+static unsigned cfg_timeout_ms, cfg_retries = URSA_CM_MAX_RETRIES;
 static bool cfg_trace;		/* URSA_CM_TRACE: every MAD on stderr */
 
 static const char *attr_name(uint16_t a)
@@ -241,7 +237,7 @@ int cm_send_req(struct cma_id *id, const struct rdma_conn_param *p)
 	m.qpn = id->id.qp ? id->id.qp->qp_num : p->qp_num;
 	m.resp_res = p->responder_resources;
 	m.init_depth = p->initiator_depth;
-	m.remote_cm_timeout = m.local_cm_timeout = CM_RESPONSE_TIMEOUT;
+	m.remote_cm_timeout = m.local_cm_timeout = URSA_CM_RESPONSE_TIMEOUT;
 	m.transport = id->id.qp && id->id.qp->qp_type == IBV_QPT_UC ? 1 : 0;
 	m.flow_ctl = p->flow_control;
 	m.psn = id->psn;
@@ -262,7 +258,8 @@ int cm_send_req(struct cma_id *id, const struct rdma_conn_param *p)
 		put_priv(&m, CMA_HDR_LEN, p->private_data, p->private_data_len);
 	id->retry = m.retry;
 	return send_msg(id, &m, true,
-			2 * cm_ms(CM_LIFETIME) + cm_ms(CM_RESPONSE_TIMEOUT),
+			2 * cm_ms(URSA_CM_LIFETIME) +
+				cm_ms(URSA_CM_RESPONSE_TIMEOUT),
 			(int)cfg_retries + 1);
 }
 
@@ -278,7 +275,7 @@ int cm_send_rep(struct cma_id *id, const struct rdma_conn_param *p)
 	m.psn = id->psn;
 	m.resp_res = p->responder_resources;
 	m.init_depth = p->initiator_depth;
-	m.target_ack_delay = CM_ACK_DELAY;
+	m.target_ack_delay = URSA_CM_ACK_DELAY;
 	m.flow_ctl = p->flow_control;
 	m.rnr_retry = cap7(p->rnr_retry_count);
 	m.srq = id->id.qp ? !!id->id.qp->srq : p->srq;
@@ -314,7 +311,7 @@ int cm_send_dreq(struct cma_id *id)
 
 	m.tid = (uint64_t)rand32() << 32 | id->lcid;
 	return send_msg(id, &m, true, cm_ms(id->ack_timeout) +
-			cm_ms(CM_RESPONSE_TIMEOUT), (int)cfg_retries + 1);
+			cm_ms(URSA_CM_RESPONSE_TIMEOUT), (int)cfg_retries + 1);
 }
 
 int cm_send_rej(struct cma_id *id, const void *priv, uint8_t len,
@@ -346,7 +343,7 @@ int cm_send_sidr_req(struct cma_id *id, const struct rdma_conn_param *p)
 	cma_header(id, &m);
 	if (p && p->private_data_len)
 		put_priv(&m, CMA_HDR_LEN, p->private_data, p->private_data_len);
-	return send_msg(id, &m, true, cm_ms(CM_RESPONSE_TIMEOUT),
+	return send_msg(id, &m, true, cm_ms(URSA_CM_RESPONSE_TIMEOUT),
 			(int)cfg_retries + 1);
 }
 
@@ -463,7 +460,8 @@ static void on_req(struct cma_id *l, const struct cm_fwd *f,
 					    .local_id = c->lcid,
 					    .remote_id = c->rcid,
 					    .msg = CM_MSG_REQ,
-					    .service_timeout = CM_MRA_TIMEOUT };
+					    .service_timeout =
+						    URSA_CM_MRA_TIMEOUT };
 
 			send_msg(c, &r, false, 0, 0);
 		}
@@ -600,14 +598,12 @@ static void on_rep(struct cma_id *id, const struct cm_msg *m)
 }
 
 /*
- * A REQ refused for an unknown service ID soon after it left is sent
- * again, SID_RETRIES times SID_RETRY_MS apart, before REJECTED: a listener
- * being replaced (perftest -R closes the listener of its first connection
- * and opens the next on the same port while the client is already
+ * A REQ refused for an unknown service ID soon after it left is sent again,
+ * URSA_CM_SID_RETRIES times URSA_CM_SID_RETRY_MS apart, before REJECTED: a
+ * listener being replaced (perftest -R closes the listener of its first
+ * connection and opens the next on the same port while the client is already
  * connecting) must not lose a race that the kernel's slower path hides.
  */
-#define SID_RETRIES 10
-#define SID_RETRY_MS 20
 
 /* The connection is over: the QP to the error state, the event out */
 static void conn_end(struct cma_id *id, enum rdma_cm_event_type t, int status,
@@ -624,9 +620,9 @@ static void on_rej(struct cma_id *id, const struct cm_msg *m)
 	struct cma_event *e;
 
 	if (id->state == CS_REQ_SENT && m->reason == CM_REJ_INVALID_SID &&
-	    id->sid_retries < SID_RETRIES) {
+	    id->sid_retries < URSA_CM_SID_RETRIES) {
 		id->sid_retries++;
-		id->out_due = now_ns() + SID_RETRY_MS * 1000000ull;
+		id->out_due = now_ns() + URSA_CM_SID_RETRY_MS * 1000000ull;
 		id->out_left++;		/* (this one is not a timeout's) */
 		cm_wake();
 		return;
@@ -907,12 +903,11 @@ static uint64_t timers(void)
 /*
  * A peer process of this host that died cannot send its DREQ (its
  * kernel would have): its comm ID's socket is gone with it. So every
- * PROBE_MS each connection to a peer on this host knocks on that name;
+ * URSA_CM_PROBE_MS each connection to a peer on this host knocks on that name;
  * ECONNREFUSED ends the connection as a DREQ would, with DISCONNECTED.
  * (A peer on another host that dies is noticed by the data path: its
  * QP's retries run out. The IB CM has no keep-alive.)
  */
-#define PROBE_MS 1000
 
 static void probe_peers(void)
 {
@@ -952,7 +947,7 @@ static void *cm_thread(void *arg)
 		now = now_ns();
 		if (now >= probe_at) {
 			probe_peers();
-			probe_at = now + PROBE_MS * 1000000ull;
+			probe_at = now + URSA_CM_PROBE_MS * 1000000ull;
 		}
 		if (probe_at < next)
 			next = probe_at;

@@ -160,14 +160,12 @@ URSA_EXPORT int ursa_cm_send(const union ibv_gid *sgid, const union ibv_gid *dgi
  * receive path must not block either (it is the engine's), so a MAD whose
  * owner's queue is full waits here, in a bounded queue that a thread of
  * its own hands over with blocking sends: the kernel wakes it as soon as
- * the owner reads. A MAD waits for its owner at most PEND_WAIT_MS (an
+ * the owner reads. A MAD waits for its owner at most URSA_GSI_PEND_WAIT_MS (an
  * owner that reads nothing, stopped, costs that once for everything
  * queued to it); then it counts as lost, as on a wire, and the CM
  * retransmits. Later MADs for an owner with MADs waiting queue behind
  * them, so that an owner reads its peer's messages in their order.
  */
-#define PEND_MAX 512
-#define PEND_WAIT_MS 1000
 
 struct pend {
 	struct cm_fwd f;
@@ -178,7 +176,8 @@ struct pend {
 static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t cv;
-	struct pend *q;		/* ring of PEND_MAX, allocated on first use */
+	/* a ring of URSA_GSI_PEND_MAX, allocated when first used */
+	struct pend *q;
 	unsigned head, n;
 	bool running;		/* the thread exists (in this process) */
 } P = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, false };
@@ -198,7 +197,7 @@ static int unx_sock(void)
 static bool pend_has(const struct sockaddr_un *sa, socklen_t sl)
 {
 	for (unsigned i = 0; i < P.n; i++) {
-		const struct pend *q = &P.q[(P.head + i) % PEND_MAX];
+		const struct pend *q = &P.q[(P.head + i) % URSA_GSI_PEND_MAX];
 
 		if (q->sl == sl && !memcmp(&q->sa, sa, sl))
 			return true;
@@ -213,14 +212,14 @@ static void pend_drop_owner(void)
 	unsigned keep = 0;
 
 	for (unsigned i = 0; i < P.n; i++) {
-		struct pend *q = &P.q[(P.head + i) % PEND_MAX];
+		struct pend *q = &P.q[(P.head + i) % URSA_GSI_PEND_MAX];
 
 		if (q->sl == head.sl && !memcmp(&q->sa, &head.sa, head.sl)) {
 			atomic_fetch_add(&ursa_udp_cnt.cm_drop, 1);
 			continue;
 		}
 		if (keep != i)
-			P.q[(P.head + keep) % PEND_MAX] = *q;
+			P.q[(P.head + keep) % URSA_GSI_PEND_MAX] = *q;
 		keep++;
 	}
 	P.n = keep;
@@ -228,8 +227,8 @@ static void pend_drop_owner(void)
 
 static void *pend_thread(void *arg)
 {
-	struct timeval tv = { .tv_sec = PEND_WAIT_MS / 1000,
-			      .tv_usec = PEND_WAIT_MS % 1000 * 1000 };
+	struct timeval tv = { .tv_sec = URSA_GSI_PEND_WAIT_MS / 1000,
+			      .tv_usec = URSA_GSI_PEND_WAIT_MS % 1000 * 1000 };
 	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 
 	(void)arg;
@@ -260,7 +259,7 @@ static void *pend_thread(void *arg)
 			orphan(&q.f);
 			pthread_mutex_lock(&P.lock);
 		}
-		P.head = (P.head + 1) % PEND_MAX;
+		P.head = (P.head + 1) % URSA_GSI_PEND_MAX;
 		P.n--;
 	}
 	return NULL;
@@ -272,9 +271,9 @@ static int pend_add(const struct cm_fwd *f, const struct sockaddr_un *sa,
 {
 	struct pend *q;
 
-	if (!P.q && !(P.q = malloc(PEND_MAX * sizeof(*P.q))))
+	if (!P.q && !(P.q = malloc(URSA_GSI_PEND_MAX * sizeof(*P.q))))
 		return -1;
-	if (P.n == PEND_MAX)
+	if (P.n == URSA_GSI_PEND_MAX)
 		return -1;
 	if (!P.running) {
 		sigset_t all, old;
@@ -291,7 +290,7 @@ static int pend_add(const struct cm_fwd *f, const struct sockaddr_un *sa,
 		pthread_detach(t);
 		P.running = true;
 	}
-	q = &P.q[(P.head + P.n) % PEND_MAX];
+	q = &P.q[(P.head + P.n) % URSA_GSI_PEND_MAX];
 	q->f = *f;
 	q->sa = *sa;
 	q->sl = sl;

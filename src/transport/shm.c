@@ -213,8 +213,8 @@ static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
 /*
  * The doorbell is skipped when the peer's engine sleeps but will wake by
  * itself anyway:
- * - within RING_SOON_NS (20 µs): the write(2) and the wake-up it causes
- *   would gain the request no more than that (a same-host SEND to a
+ * - within URSA_SHM_RING_SOON_NS (20 µs): the write(2) and the wake-up it
+ *   causes would gain the request no more than that (a same-host SEND to a
  *   server blocked on its completion channel: 17.6 -> 2.7 µs at p50,
  *   bench/kv.sh);
  * - or within URSA_RING_WAKE_US (2000) while an application thread of the
@@ -227,7 +227,6 @@ static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
  *   polling without arming leaves a request to the engine's own wake-up.
  * Either way the wait is bounded by the engine's timer, never unbounded.
  */
-#define RING_SOON_NS 20000ull
 
 static void ring_peer(struct ursa_chan *c)
 {
@@ -246,7 +245,7 @@ static void ring_peer(struct ursa_chan *c)
 		uint64_t wake = atomic_load_explicit(&c->peer_ctl->wake_by,
 						     memory_order_relaxed);
 
-		if (wake < now + RING_SOON_NS ||
+		if (wake < now + URSA_SHM_RING_SOON_NS ||
 		    (now - atomic_load_explicit(&c->peer_ctl->app_poll_ns,
 						memory_order_relaxed) <
 		     (uint64_t)cfg->ring_app_us * 1000 &&

@@ -40,8 +40,6 @@
 
 #define URSA_SHM_MAGIC 0x55525341u /* "URSA" */
 #define URSA_SHM_VERSION 4	/* 4: sealed memfds, verified source QPNs */
-#define URSA_SHM_SLOTS 4
-#define URSA_SHM_INLINE 8192	/* payload bytes a slot carries */
 
 /* The handshake on the channel socket (tests/tools/shm_attack.c speaks it
  * too): the requester's hello with its three descriptors, the target's
@@ -116,7 +114,6 @@ struct ursa_chanmem {
 	struct ursa_wresp resp[URSA_SHM_SLOTS];
 };
 
-#define URSA_DMAPS 16
 
 struct ursa_chan {
 	enum ursa_chan_role role;
@@ -168,11 +165,9 @@ struct ursa_chan {
 
 /* What one other user may hold of a process's channels (its own user may
  * hold anything: it could ptrace the process anyway): handshakes not
- * finished, and channels in all; beyond, connections are closed at once.
- * A hello must arrive within URSA_SHM_HELLO_NS of the connect. */
-#define URSA_SHM_FOREIGN_PENDING 16
-#define URSA_SHM_FOREIGN_CHANS 256
-#define URSA_SHM_HELLO_NS 2000000000ull
+ * finished (URSA_SHM_FOREIGN_PENDING), and channels in all
+ * (URSA_SHM_FOREIGN_CHANS); beyond, connections are closed at once. A
+ * hello must arrive within URSA_SHM_HELLO_NS of the connect. */
 
 /* QPN registry: bind the QP's socket; -EADDRINUSE if the QPN is taken. */
 int ursa_shm_listen(struct ursa_qp *qp, uint32_t qpn);

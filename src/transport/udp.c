@@ -36,21 +36,14 @@
 #include "../../include/ursa/ursa.h"
 #include "../proto/roce.h"
 
-/* Packets in flight per QP, at most: WINDOW_BYTES of payload, and half
+/* Packets in flight per QP, at most: URSA_UDP_WINDOW_BYTES of payload, and half
  * what the receive socket's buffer holds (the kernel counts about twice
  * the payload against it), as 256 to 2048 packets of the path MTU
  * (window_max): a path with jumbo frames keeps as many bytes on the way
  * as one with 1024-byte packets. The sockets ask for 4-8 MiB of buffer;
  * net.core.rmem_max (often 208 KiB) may cap it, and the peer's is taken
  * to be like ours. */
-#define WINDOW_BYTES (2u << 20)
-#define WINDOW 256
-#define WINDOW_MAX 2048
-#define WINDOW_MIN 16		/* ... and at least, after losses */
-#define ACKREQ_EVERY 64
-#define URSA_UDP_PIPE 32	/* messages in flight per QP before the newest */
 #define PIPE(u, i) (&(u)->pipe_ring[((u)->pipe_head + (i)) % URSA_UDP_PIPE])
-#define MAX_PKT (4096 + 128)
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
@@ -60,12 +53,10 @@
 #ifndef SOL_UDP
 #define SOL_UDP 17
 #endif
-#define GRO_BUF 65536	/* a receive may hold a coalesced run (UDP_GRO) */
-/* Atomic results saved and READ requests remembered, for duplicates:
- * as many as a peer may have outstanding (max_dest_rd_atomic, IBTA
- * 9.7.5.2.x), and more than a window's pieces of the READs in flight */
-#define ARES URSA_MAX_RD_ATOM
-#define RRES URSA_MAX_RD_ATOM
+/* (URSA_UDP_ARES, URSA_UDP_RRES, util/limits.h: atomic results saved and
+ * READ requests remembered, for duplicates, as many as a peer may have
+ * outstanding (max_dest_rd_atomic, IBTA 9.7.5.2.x), and more than a
+ * window's pieces of the READs in flight) */
 
 struct ursa_udp_counters ursa_udp_cnt;
 
@@ -127,7 +118,7 @@ static struct {
 	uint64_t delay_ns;
 	uint64_t rng;
 	pthread_mutex_t fault_lock;
-	uint8_t held[MAX_PKT];	/* a packet held back for reordering */
+	uint8_t held[URSA_UDP_MAX_PKT];	/* held back for reordering */
 	size_t held_len;
 	int held_fd;
 	struct sockaddr_storage held_to;
@@ -235,13 +226,14 @@ struct ursa_uqp {
 	uint64_t soff;		/* SEND in progress: bytes so far */
 	uint64_t wva, wlen, woff;	/* WRITE in progress */
 	uint32_t wrkey;
-	struct { uint32_t psn; uint64_t orig; bool valid; } ares[ARES];
+	struct { uint32_t psn; uint64_t orig; bool valid; } ares[URSA_UDP_ARES];
 	unsigned ares_next;
 	/* READ requests executed lately: a duplicate READ is executed again
 	 * only if it starts inside one of them, at the same rkey and the
 	 * matching address (IBTA 9.7.5.1.3; rxe keeps such resources too),
 	 * never on the word of a packet behind the expected PSN alone */
-	struct { uint32_t psn, npkts, rkey; uint64_t va; bool valid; } rres[RRES];
+	struct { uint32_t psn, npkts, rkey; uint64_t va; bool valid; }
+		rres[URSA_UDP_RRES];
 	unsigned rres_next;
 	/* Delayed ACK (ack_later): a positive ACK held back to leave with
 	 * this QP's next packets to the peer, or at ack_due. */
@@ -254,7 +246,7 @@ struct ursa_uqp {
 	bool ack_now;		/* owed, but not held: due at this pass's end */
 	/* A request that would complete a receive while our own signaled
 	 * message waits for its ACK, held until that ACK (hold_request) */
-	uint8_t *stash;		/* MAX_PKT bytes, allocated when first used */
+	uint8_t *stash;		/* URSA_UDP_MAX_PKT bytes, once used */
 	size_t stash_len;	/* 0: none */
 	uint64_t stash_due;
 	addr_t stash_me, stash_peer;
@@ -468,17 +460,15 @@ struct fwd_hdr {
  */
 enum { SIDE_FWD = 1, SIDE_RX4 = 2, SIDE_RX6 = 3, SIDE_TIMER = 4 };
 #define SIDE(kind, fd) ((uint64_t)(kind) << 32 | (uint32_t)(fd))
-#define FWD_OUT 16		/* connections kept to other processes */
 
 static struct {
 	pid_t pid;
 	int fd;
-} fwd_out[FWD_OUT];		/* guarded by U.rx (the receiving thread) */
+} fwd_out[URSA_UDP_FWD_OUT];	/* guarded by U.rx (the receiving thread) */
 static unsigned fwd_next;
 
-/* "@ursa/udp/<pid>", or "@ursa/udp/<pid>.<k>" when a squatter holds the
- * plain name (FWD_NAMES tries; forwarders check the listener's pid). */
-#define FWD_NAMES 8
+/* "@ursa/udp/<pid>", or "@ursa/udp/<pid>.<k>" when a squatter holds the plain
+ * name (URSA_UDP_FWD_NAMES tries; forwarders check the listener's pid). */
 
 static void fwd_name(struct sockaddr_un *sa, socklen_t *len, pid_t pid,
 		     int k)
@@ -504,11 +494,11 @@ static int fwd_open(void)
 
 	if (fd < 0)
 		return -1;
-	for (int k = 0; k < FWD_NAMES; k++) {
+	for (int k = 0; k < URSA_UDP_FWD_NAMES; k++) {
 		fwd_name(&sa, &len, getpid(), k);
 		if (!bind(fd, (struct sockaddr *)&sa, len))
 			break;
-		if (errno != EADDRINUSE || k == FWD_NAMES - 1) {
+		if (errno != EADDRINUSE || k == URSA_UDP_FWD_NAMES - 1) {
 			close(fd);
 			return -1;
 		}
@@ -530,16 +520,12 @@ static int fwd_open(void)
 /*
  * pid owning a QPN on this host, or 0. A look-up costs a socket and a
  * connect; packets for QPNs nobody owns must not buy one each (a flood to
- * random QPNs kept a core busy), so QPNs found unowned are remembered for
- * a while, and at most LOOKUP_BUDGET look-ups that find nothing are made
- * per LOOKUP_WINDOW_NS: past it, a QPN not in the cache is dropped unasked
- * until the window ends (a real flow's first packet may then be lost, and
- * is retransmitted).
+ * random QPNs kept a core busy), so QPNs found unowned are remembered for a
+ * while, and at most URSA_UDP_LOOKUP_BUDGET look-ups that find nothing are
+ * made per URSA_UDP_LOOKUP_WINDOW_NS: past it, a QPN not in the cache is
+ * dropped unasked until the window ends (a real flow's first packet may then
+ * be lost, and is retransmitted).
  */
-#define LOOKUP_BUDGET 500
-#define REBIND_NS 1000000000ull	/* port held by others: ask again after 1 s */
-#define LOOKUP_WINDOW_NS 100000000ull	/* 0.1 s */
-#define UNOWNED_NS 1000000000ull	/* an unowned QPN is asked again after 1 s */
 
 static pid_t qpn_owner(uint32_t qpn)
 {
@@ -559,10 +545,10 @@ static pid_t qpn_owner(uint32_t qpn)
 	if (cache[h].qpn == qpn && now < cache[h].until)
 		return 0;	/* found unowned a moment ago */
 	if (now >= window_end) {
-		window_end = now + LOOKUP_WINDOW_NS;
+		window_end = now + URSA_UDP_LOOKUP_WINDOW_NS;
 		misses = 0;
 	}
-	if (misses >= LOOKUP_BUDGET) {
+	if (misses >= URSA_UDP_LOOKUP_BUDGET) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_unknown, 1);
 		return 0;
 	}
@@ -580,7 +566,7 @@ static pid_t qpn_owner(uint32_t qpn)
 		misses++;
 		cache[h].qpn = qpn;
 		cache[h].pid = 0;
-		cache[h].until = now + UNOWNED_NS;
+		cache[h].until = now + URSA_UDP_UNOWNED_NS;
 		return 0;
 	}
 	close(fd);
@@ -598,7 +584,7 @@ static int fwd_conn(pid_t pid)
 	int fd, big = 4 << 20;
 	unsigned i;
 
-	for (i = 0; i < FWD_OUT; i++)
+	for (i = 0; i < URSA_UDP_FWD_OUT; i++)
 		if (fwd_out[i].fd > 0 && fwd_out[i].pid == pid)
 			return fwd_out[i].fd;
 	/* Blocking connect: answered at once by the kernel (or refused).
@@ -606,7 +592,7 @@ static int fwd_conn(pid_t pid)
 	 * a process that did not exist yet, to be handed its packets. Only
 	 * the listener's credentials, from the kernel, say it is pid's. */
 	for (int k = 0;; k++) {
-		if (k == FWD_NAMES)
+		if (k == URSA_UDP_FWD_NAMES)
 			return -1;
 		fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 		if (fd < 0)
@@ -623,7 +609,7 @@ static int fwd_conn(pid_t pid)
 		close(fd);
 	}
 	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
-	i = fwd_next++ % FWD_OUT;
+	i = fwd_next++ % URSA_UDP_FWD_OUT;
 	if (fwd_out[i].fd > 0)
 		close(fwd_out[i].fd);
 	fwd_out[i].pid = pid;
@@ -633,7 +619,7 @@ static int fwd_conn(pid_t pid)
 
 static void fwd_forget(int fd)
 {
-	for (unsigned i = 0; i < FWD_OUT; i++)
+	for (unsigned i = 0; i < URSA_UDP_FWD_OUT; i++)
 		if (fwd_out[i].fd == fd) {
 			close(fd);
 			fwd_out[i].fd = 0;
@@ -681,7 +667,7 @@ static void port_retry(void);
 /* Receive from the side sockets (under U.rx). */
 static int fwd_poll(void)
 {
-	static uint8_t buf[MAX_PKT + 64 + sizeof(struct fwd_hdr)];
+	static uint8_t buf[URSA_UDP_MAX_PKT + 64 + sizeof(struct fwd_hdr)];
 	struct epoll_event ev[16];
 	int n, total = 0;
 
@@ -968,7 +954,7 @@ static int port_bind(void)
 	return 0;
 }
 
-/* A process that could not bind the port asks again every REBIND_NS:
+/* A process that could not bind the port asks again every URSA_UDP_REBIND_NS:
  * when the holders are gone, nobody forwards any more. Called from the
  * receive pass (under U.rx). */
 static void port_retry(void)
@@ -988,12 +974,12 @@ static void port_retry(void)
 	pthread_mutex_unlock(&U.lock);
 }
 
-/* A timer in the side epoll set that wakes the engine every REBIND_NS
+/* A timer in the side epoll set that wakes the engine every URSA_UDP_REBIND_NS
  * while the port is held by others (an idle engine sleeps otherwise). */
 static void port_timer(void)
 {
-	struct itimerspec it = { { REBIND_NS / 1000000000ull, 0 },
-				 { REBIND_NS / 1000000000ull, 0 } };
+	struct itimerspec it = { { URSA_UDP_REBIND_NS / 1000000000ull, 0 },
+				 { URSA_UDP_REBIND_NS / 1000000000ull, 0 } };
 	int fd = U.fwd_ep >= 0 ? timerfd_create(CLOCK_MONOTONIC,
 						TFD_CLOEXEC | TFD_NONBLOCK) : -1;
 
@@ -1140,9 +1126,6 @@ void ursa_udp_ctx_gone(struct ursa_ctx *ctx)
  * accept IDs 0..URSA_GSO_SEGS-1 (on_packet). URSA_GSO=0 turns it off; a
  * kernel that refuses it turns it off too.
  */
-#define TXB 64
-#define URSA_GSO_SEGS 64
-#define GSO_MAX_BYTES 65000
 /* A run: packets of one size to one destination (the last may be shorter),
  * one GSO send; closed by a shorter packet. */
 struct txrun {
@@ -1167,11 +1150,11 @@ struct txrun {
 struct txbatch {
 	int n, fd, nruns;
 	size_t used;		/* bytes of buf taken */
-	struct iovec pkt[TXB];	/* the packets, back to back in buf */
-	struct txrun run[TXB];
-	struct iovec riov[TXB];	/* (udp_flush's, off the caller's stack) */
-	struct mmsghdr mm[TXB];	/* (the same) */
-	uint8_t buf[TXB * MAX_PKT];
+	struct iovec pkt[URSA_UDP_TXB];	/* the packets, back to back */
+	struct txrun run[URSA_UDP_TXB];
+	struct iovec riov[URSA_UDP_TXB]; /* (udp_flush's, off its stack) */
+	struct mmsghdr mm[URSA_UDP_TXB];	/* (the same) */
+	uint8_t buf[URSA_UDP_TXB * URSA_UDP_MAX_PKT];
 };
 static __thread struct txbatch *txb;
 static __thread unsigned long tx_added;	/* packets ever added by this thread */
@@ -1398,9 +1381,9 @@ static bool run_ends_batch(const struct txbatch *b)
 {
 	const struct txrun *r = b->nruns ? &b->run[b->nruns - 1] : NULL;
 
-	return r && r->n > 1 && TXB - b->n < r->n &&
+	return r && r->n > 1 && URSA_UDP_TXB - b->n < r->n &&
 	       (r->closed || r->n == URSA_GSO_SEGS ||
-		r->bytes + r->seg > GSO_MAX_BYTES);
+		r->bytes + r->seg > URSA_GSO_MAX_BYTES);
 }
 
 /* Where the next packet of the batch goes: a packet built there (see
@@ -1411,14 +1394,15 @@ static uint8_t *tx_slot(void)
 
 	if (!b)
 		return NULL;
-	if (b->n == TXB || run_ends_batch(b) || b->used > sizeof(b->buf) - MAX_PKT)
+	if (b->n == URSA_UDP_TXB || run_ends_batch(b) ||
+	    b->used > sizeof(b->buf) - URSA_UDP_MAX_PKT)
 		udp_flush();
 	return b->buf + b->used;
 }
 
 static bool in_next_slot(const uint8_t *ib)
 {
-	return txb && txb->n < TXB && ib == txb->buf + txb->used;
+	return txb && txb->n < URSA_UDP_TXB && ib == txb->buf + txb->used;
 }
 
 /* tag (0: none): send_mid's message, whose packets all go to one address:
@@ -1437,7 +1421,7 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 	 * tx_slot, and nothing was added since) */
 	if (b->n && (b->fd != fd ||
 		     (ib != b->buf + b->used &&
-		      (b->n == TXB || run_ends_batch(b) ||
+		      (b->n == URSA_UDP_TXB || run_ends_batch(b) ||
 		       b->used > sizeof(b->buf) - len))))
 		udp_flush();
 	i = b->n++;
@@ -1449,7 +1433,7 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 	b->used += len;
 	r = b->nruns ? &b->run[b->nruns - 1] : NULL;
 	if (r && gso_on() && !r->closed && len <= r->seg &&
-	    r->n < URSA_GSO_SEGS && r->bytes + len <= GSO_MAX_BYTES &&
+	    r->n < URSA_GSO_SEGS && r->bytes + len <= URSA_GSO_MAX_BYTES &&
 	    ((tag && r->tag == tag) ||
 	     (tolen == r->tolen && !memcmp(to, &r->to, tolen)))) {
 		r->n++;
@@ -1469,15 +1453,14 @@ static void batch_add(int fd, const uint8_t *ib, size_t len,
 }
 
 /* Packets held back by the delay fault, sent by a later engine pass. */
-#define DELAYQ 256
 static struct {
 	uint64_t due;
 	int fd;
 	size_t len;
 	socklen_t tolen;
 	struct sockaddr_storage to;
-	uint8_t buf[MAX_PKT];
-} delayq[DELAYQ];
+	uint8_t buf[URSA_UDP_MAX_PKT];
+} delayq[URSA_UDP_DELAYQ];
 static unsigned delay_n;
 
 static void delay_flush(uint64_t now, bool all)
@@ -1534,8 +1517,8 @@ static void tx_one(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 			atomic_fetch_add(&ursa_udp_cnt.fault_corrupt, 1);
 		}
 		dup = rnd() % 1000 < U.dup;
-		if (U.delay && rnd() % 1000 < U.delay && delay_n < DELAYQ &&
-		    len <= MAX_PKT) {
+		if (U.delay && rnd() % 1000 < U.delay &&
+		    delay_n < URSA_UDP_DELAYQ && len <= URSA_UDP_MAX_PKT) {
 			/* sent by an engine pass after delay_us */
 			delayq[delay_n].due = ursa_now_ns() + U.delay_ns;
 			delayq[delay_n].fd = fd;
@@ -1548,7 +1531,8 @@ static void tx_one(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 			pthread_mutex_unlock(&U.fault_lock);
 			return;
 		}
-		if (!U.held_len && rnd() % 1000 < U.reorder && len <= MAX_PKT) {
+		if (!U.held_len && rnd() % 1000 < U.reorder &&
+		    len <= URSA_UDP_MAX_PKT) {
 			/* hold this one back until after the next packet */
 			memcpy(U.held, ib, len);
 			U.held_len = len;
@@ -1619,7 +1603,7 @@ void ursa_udp_ack_exit(struct ursa_qp *qp)
 static void tx(struct ursa_uqp *u, const addr_t *src, const addr_t *dst,
 	       uint8_t *ib, size_t len, uint8_t ttl, bool have_icrc)
 {
-	uint8_t moved[MAX_PKT];
+	uint8_t moved[URSA_UDP_MAX_PKT];
 
 	if (u->ack_owed && (roce_opcode_flags(ib[0]) & P_RESP)) {
 		/* (the ACK takes the slot a packet was built in) */
@@ -1651,8 +1635,8 @@ int ursa_uqp_init(struct ursa_qp *qp)
 		return -ENOMEM;
 	pthread_mutex_init(&u->lock, NULL);
 	u->qp = qp;
-	u->cwnd = WINDOW;
-	u->ssthresh = WINDOW_MAX;
+	u->cwnd = URSA_UDP_WINDOW;
+	u->ssthresh = URSA_UDP_WINDOW_MAX;
 	u->rxfd = -1;
 	/* rxe's choice of source port: 0xC000 + a hash of the QPN */
 	u->sport = (uint16_t)(0xc000 | (((qpn * 0x61c88647u) >> 18) & 0x3fff));
@@ -1832,20 +1816,20 @@ static uint32_t mtu_of(struct ursa_qp *qp)
 static uint32_t window_max(struct ursa_qp *qp)
 {
 	int rb = __atomic_load_n(&U.rcvbuf, __ATOMIC_RELAXED);
-	uint32_t bytes = MIN(WINDOW_BYTES, (uint32_t)MAX(rb, 0) / 2);
+	uint32_t bytes = MIN(URSA_UDP_WINDOW_BYTES, (uint32_t)MAX(rb, 0) / 2);
 
-	return MIN(WINDOW_MAX, MAX(WINDOW, bytes / mtu_of(qp)));
+	return MIN(URSA_UDP_WINDOW_MAX,
+		   MAX(URSA_UDP_WINDOW, bytes / mtu_of(qp)));
 }
 
-/* n more packets acknowledged. Up to a threshold the window grows by
- * each packet acknowledged; beyond it, by one packet per window
- * acknowledged, as TCP's does (RFC 5681). The threshold starts at the
- * maximum and a loss sets it to half the window then, but never below
- * WINDOW packets: a lossy path's window comes back at once to WINDOW (a
- * cumulative ACK may cover hundreds of packets: a pipelined message's
- * end, an ACK after a NAK), where go-back-N under 5 % loss still moves
- * the most data, and only slowly beyond it, where each loss would cost
- * a larger window resent. */
+/* n more packets acknowledged. Up to a threshold the window grows by each
+ * packet acknowledged; beyond it, by one packet per window acknowledged, as
+ * TCP's does (RFC 5681). The threshold starts at the maximum and a loss sets
+ * it to half the window then, but never below URSA_UDP_WINDOW packets: a
+ * lossy path's window comes back at once to URSA_UDP_WINDOW (a cumulative ACK
+ * may cover hundreds of packets: a pipelined message's end, an ACK after a
+ * NAK), where go-back-N under 5 % loss still moves the most data, and only
+ * slowly beyond it, where each loss would cost a larger window resent. */
 static void window_grow(struct ursa_qp *qp, struct ursa_uqp *u, uint32_t n)
 {
 	uint32_t max = window_max(qp);
@@ -1914,7 +1898,6 @@ static void send_ack(struct ursa_qp *qp, struct ursa_uqp *u, const addr_t *to,
  * responses and atomic ACKs are never held (they go after the held ACK,
  * in PSN order).
  */
-#define ACK_WAKE_SLACK_NS 1000000ull
 
 static uint64_t ack_delay_ns(void)
 {
@@ -1979,7 +1962,7 @@ static void run_held(struct ursa_qp *qp, struct ursa_uqp *u);
 static bool held_due(uint64_t due, uint64_t now, uint64_t *deadline,
 		     bool engine)
 {
-	uint64_t d = engine ? due : due + ACK_WAKE_SLACK_NS;
+	uint64_t d = engine ? due : due + URSA_UDP_ACK_WAKE_SLACK_NS;
 
 	if (now >= due)
 		return true;
@@ -2058,15 +2041,16 @@ static uint8_t req_opcode(uint32_t op, bool first, bool last, bool imm_inv)
 }
 
 /* Whether packet k of the message asks for an ACK: the last, every
- * ACKREQ_EVERY-th, and the one that fills the window (a window smaller
- * than ACKREQ_EVERY after losses must still be acknowledged). Each ACK
+ * URSA_UDP_ACKREQ_EVERY-th, and the one that fills the window (a window smaller
+ * than URSA_UDP_ACKREQ_EVERY after losses must still be acknowledged). Each ACK
  * costs the responder a send, which on a veth path carries it through
  * the whole stack: fewer ACKs, more bandwidth. */
 static bool ack_wanted(const struct ursa_qp *qp, const struct ursa_uqp *u,
 		       uint32_t k, bool last)
 {
 	return qp->ex.qp_base.qp_type == IBV_QPT_RC &&
-	       (last || k % ACKREQ_EVERY == ACKREQ_EVERY - 1 ||
+	       (last ||
+		k % URSA_UDP_ACKREQ_EVERY == URSA_UDP_ACKREQ_EVERY - 1 ||
 		k + 1 == u->m.acked + u->cwnd);
 }
 
@@ -2114,7 +2098,7 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_uqp *u,
 		/* the headers and the pad, then the payload and the ICRC
 		 * together */
 		pay = buf + roce_hdr_len(p.opcode);
-		n = roce_build(buf, MAX_PKT, &p, pay, len);
+		n = roce_build(buf, URSA_UDP_MAX_PKT, &p, pay, len);
 		if (n <= 0)
 			return;
 	}
@@ -2291,8 +2275,8 @@ static void go_back(struct ursa_qp *qp, struct ursa_uqp *u, bool atomic,
 	atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
 	u->timing = false;
 	u->backoff++;
-	u->cwnd = MAX(WINDOW_MIN, u->cwnd / 2);
-	u->ssthresh = MAX(WINDOW, u->cwnd);
+	u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
+	u->ssthresh = MAX(URSA_UDP_WINDOW, u->cwnd);
 	u->cwnd_acc = 0;
 	if (u->m.is_read)
 		u->m.resend_read = true;
@@ -3008,7 +2992,7 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 		o.psn = psn_add(p->psn, k);
 		o.syndrome = AETH_ACK | AETH_CREDIT_INVALID;
 		o.msn = u->msn;
-		b = roce_build(buf, MAX_PKT, &o, data, len);
+		b = roce_build(buf, URSA_UDP_MAX_PKT, &o, data, len);
 		if (b <= 0)
 			continue;
 		if (is_v4(me) == is_v4(peer)) {	/* (else tx sends nothing) */
@@ -3032,7 +3016,7 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_uqp *u,
 static bool read_remembered(const struct ursa_uqp *u, const struct roce_pkt *p,
 			    uint32_t mtu, uint32_t end, bool *inside)
 {
-	for (unsigned i = 0; i < RRES; i++) {
+	for (unsigned i = 0; i < URSA_UDP_RRES; i++) {
 		uint32_t k = (p->psn - u->rres[i].psn) & 0xffffff;
 
 		if (u->rres[i].valid && k < u->rres[i].npkts &&
@@ -3077,7 +3061,7 @@ static void on_request(struct ursa_qp *qp, struct ursa_uqp *u,
 			/* duplicate (IBTA 9.7.5.1.3) */
 			atomic_fetch_add(&ursa_udp_cnt.dup, 1);
 			if (f & P_ATOMIC) {
-				for (unsigned i = 0; i < ARES; i++)
+				for (unsigned i = 0; i < URSA_UDP_ARES; i++)
 					if (u->ares[i].valid && u->ares[i].psn == p->psn)
 						send_ack(qp, u, peer, me, OP_ATOMIC_ACK,
 							 AETH_ACK | AETH_CREDIT_INVALID,
@@ -3130,7 +3114,7 @@ execute:
 		on_read_req(qp, u, p, &r, me, peer);
 		/* remembered unless a re-request of part of one remembered */
 		if (!read_remembered(u, p, mtu, end, &inside) || !inside) {
-			unsigned k = u->rres_next++ % RRES;
+			unsigned k = u->rres_next++ % URSA_UDP_RRES;
 
 			u->rres[k].psn = p->psn;
 			u->rres[k].npkts = (end - p->psn) & 0xffffff;
@@ -3164,9 +3148,11 @@ execute:
 		r.nsrc = 0;
 		ursa_resp_execute(qp, &r, &resp, NULL);
 		if (resp.ack == URSA_ACK) {
-			u->ares[u->ares_next % ARES].psn = p->psn;
-			u->ares[u->ares_next % ARES].orig = resp.atomic_orig;
-			u->ares[u->ares_next % ARES].valid = true;
+			unsigned a = u->ares_next % URSA_UDP_ARES;
+
+			u->ares[a].psn = p->psn;
+			u->ares[a].orig = resp.atomic_orig;
+			u->ares[a].valid = true;
 			u->ares_next++;
 			u->epsn = psn_add(p->psn, 1);
 			u->msn++;
@@ -3248,16 +3234,15 @@ answer:
 /*
  * Completion order (docs/design.md "Delayed ACK"): the peer sends its held
  * ACK of our message after its own next request, so a request of the peer
- * that completes a receive here may arrive just before the ACK that
- * completes our send. While our message is signaled, fully sent and not
- * yet acknowledged, such a request is held (copied aside, not executed)
- * until that ACK has completed our message (on_packet), for at most
- * HOLD_NS, and never past a later request of the QP: the application sees
- * its send completion first, as with a NIC that acknowledges at once.
- * Only on the context's own pass (on_packet completes the send there).
- * Called with u->lock held.
+ * that completes a receive here may arrive just before the ACK that completes
+ * our send. While our message is signaled, fully sent and not yet
+ * acknowledged, such a request is held (copied aside, not executed) until
+ * that ACK has completed our message (on_packet), for at most
+ * URSA_UDP_HOLD_NS, and never past a later request of the QP: the application
+ * sees its send completion first, as with a NIC that acknowledges at once.
+ * Only on the context's own pass (on_packet completes the send there). Called
+ * with u->lock held.
  */
-#define HOLD_NS 200000ull
 
 static bool hold_request(struct ursa_qp *qp, struct ursa_uqp *u,
 			 const struct roce_pkt *p, uint32_t f,
@@ -3271,12 +3256,12 @@ static bool hold_request(struct ursa_qp *qp, struct ursa_uqp *u,
 	    p->psn != u->epsn || !u->m.active || u->m.done || u->m.nak ||
 	    u->m.is_read || is_atomic_op(u->m.op) || u->m.sent < u->m.npkts ||
 	    !w || !((w->flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) ||
-	    len > MAX_PKT)
+	    len > URSA_UDP_MAX_PKT)
 		return false;
-	if (!u->stash && !(u->stash = malloc(MAX_PKT)))
+	if (!u->stash && !(u->stash = malloc(URSA_UDP_MAX_PKT)))
 		return false;
 	memcpy(u->stash, buf, len);
-	u->stash_due = ursa_now_ns() + HOLD_NS;
+	u->stash_due = ursa_now_ns() + URSA_UDP_HOLD_NS;
 	u->stash_me = *me;
 	u->stash_peer = *peer;
 	__atomic_store_n(&u->stash_len, len, __ATOMIC_RELAXED);
@@ -3478,7 +3463,7 @@ static int poll_sock(int fd, bool v6)
 {
 	enum { BATCH = 32 };
 	struct ursa_qp *run_qp = NULL;	/* see on_packet */
-	static uint8_t bufs[BATCH][GRO_BUF];
+	static uint8_t bufs[BATCH][URSA_UDP_GRO_BUF];
 	static struct sockaddr_storage from[BATCH];
 	static char cbuf[BATCH][CMSG_SPACE(sizeof(struct in6_pktinfo)) +
 				CMSG_SPACE(sizeof(int))];
@@ -3655,7 +3640,7 @@ static void socks_close(void)
 			close(*fds[i]);
 		*fds[i] = -1;
 	}
-	for (unsigned i = 0; i < FWD_OUT; i++) {
+	for (unsigned i = 0; i < URSA_UDP_FWD_OUT; i++) {
 		if (fwd_out[i].fd > 0)
 			close(fwd_out[i].fd);
 		fwd_out[i].fd = 0;

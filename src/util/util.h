@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "config.h"
+#include "limits.h"
 
 #define URSA_HIDDEN __attribute__((visibility("hidden")))
 #define URSA_EXPORT __attribute__((visibility("default")))
