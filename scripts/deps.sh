@@ -12,13 +12,13 @@ if [ "$1" = test ] || [ "$1" = bench ] || [ "$1" = interop ]; then
 	need="$need ibverbs-utils perftest rdmacm-utils binutils iproute2 procps iptables tshark"
 	# the frameworks that tests/scripts/frameworks.sh runs on ursa
 	need="$need ucx-utils libucx0 openmpi-bin libopenmpi-dev mpich libmpich-dev"
-	need="$need libfabric-bin python3-pyverbs fio qperf"
+	need="$need libfabric-bin python3-pyverbs fio qperf ethtool"
 fi
 # the kernel's Soft-RoCE in a guest (tests/interop/rxe.sh; the kernel and
 # busybox packages themselves are fetched there with apt-get download)
 [ "$1" = interop ] && need="$need qemu-system-x86 kmod cpio ibverbs-providers"
 optional=""
-[ "$1" = bench ] && optional="gnuplot-nox redis-server redis-tools ethtool"
+[ "$1" = bench ] && optional="gnuplot-nox redis-server redis-tools"
 
 missing_of() {
 	m=""
