@@ -227,6 +227,46 @@ int ursa_xfer(const struct ursa_sg *dst, uint32_t ndst, bool dst_remote,
 uint64_t ursa_rnr_timer_ns(uint8_t code);
 uint64_t ursa_ack_timeout_ns(uint8_t code);
 
+/*
+ * The retry counts of a WQE (IBTA 9.7.6.1.3, 9.7.5.2.8), for every
+ * transport: set when it starts (and retry_cnt again whenever the
+ * responder shows progress), taken one at a time by the transport that
+ * saw a local ACK timeout or an RNR NAK. A take that finds none left is
+ * the WQE's RETRY_EXC_ERR or RNR_RETRY_EXC_ERR; rnr_retry 7 never runs
+ * out. These are the only places the counts change.
+ */
+static inline void ursa_retry_start(struct ursa_qp *qp, struct ursa_send_wqe *w)
+{
+	w->rnr_left = qp->attr.rnr_retry;
+	w->retry_left = qp->attr.retry_cnt;
+}
+
+static inline void ursa_retry_progress(struct ursa_qp *qp,
+				       struct ursa_send_wqe *w)
+{
+	w->retry_left = qp->attr.retry_cnt;
+}
+
+static inline bool ursa_retry_take(struct ursa_qp *qp, struct ursa_send_wqe *w)
+{
+	if (!w->retry_left)
+		return false;
+	w->retry_left--;
+	atomic_fetch_add(&qp->cnt.retries, 1);
+	return true;
+}
+
+static inline bool ursa_rnr_retry_take(struct ursa_qp *qp,
+				       struct ursa_send_wqe *w)
+{
+	if (qp->attr.rnr_retry == 7)
+		return true;	/* (7: for ever) */
+	if (!w->rnr_left)
+		return false;
+	w->rnr_left--;
+	return true;
+}
+
 /* transport/loop.c: QPN registry (host-wide) and in-process delivery. */
 int ursa_loop_add(struct ursa_qp *qp);
 void ursa_loop_del(struct ursa_qp *qp);

@@ -547,13 +547,10 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			atomic_fetch_add(&qp->cnt.sends, 1);
 		return;
 	case URSA_NAK_RNR:
-		if (qp->attr.rnr_retry != 7) {
-			if (!w->rnr_left) {
-				a->st = IBV_WC_RNR_RETRY_EXC_ERR;
-				a->why = URSA_WHY_REMOTE | resp.why;
-				return;
-			}
-			w->rnr_left--;
+		if (!ursa_rnr_retry_take(qp, w)) {
+			a->st = IBV_WC_RNR_RETRY_EXC_ERR;
+			a->why = URSA_WHY_REMOTE | resp.why;
+			return;
 		}
 		a->done = 0;
 		a->retry_at = ursa_need_now(now) + ursa_rnr_timer_ns(resp.rnr_timer);
@@ -576,13 +573,11 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			a->st = IBV_WC_SUCCESS;
 			return;
 		}
-		if (resp.final || !w->retry_left) {
+		if (resp.final || !ursa_retry_take(qp, w)) {
 			a->st = IBV_WC_RETRY_EXC_ERR;
 			a->why = URSA_WHY_REMOTE | resp.why;
 			break;
 		}
-		w->retry_left--;
-		atomic_fetch_add(&qp->cnt.retries, 1);
 		a->done = 0;
 		a->retry_at = ursa_ack_timeout_ns(qp->attr.timeout);
 		a->retry_at = a->retry_at == UINT64_MAX ? UINT64_MAX :
@@ -623,8 +618,7 @@ static bool pipe_walk(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
 		}
 		if (!w->started) {
 			w->started = true;
-			w->rnr_left = qp->attr.rnr_retry;
-			w->retry_left = qp->attr.retry_cnt;
+			ursa_retry_start(qp, w);
 		}
 		remote_op(qp, w, now, &a);
 		/* Refused before it left (a local error): it completes as
@@ -807,8 +801,7 @@ int ursa_req_process_lazy(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline)
 			break;	/* SQD: hold new work until resumed */
 		if (!w->started) {
 			w->started = true;
-			w->rnr_left = qp->attr.rnr_retry;
-			w->retry_left = qp->attr.retry_cnt;
+			ursa_retry_start(qp, w);
 		} else if (!wqe_due(qp, w, ursa_need_now(now))) {
 			uint64_t d = w->inflight ? w->deadline_ns : w->not_before_ns;
 

@@ -1153,15 +1153,13 @@ timeout:
 		resp->ack = URSA_DROPPED;
 		return 1;
 	}
-	if (!w->retry_left) {
+	if (!ursa_retry_take(qp, w)) {
 		resp->ack = URSA_DROPPED;
 		resp->why = c && c->state != URSA_CHAN_DEAD ? URSA_WHY_NOT_READY :
 							      URSA_WHY_PEER_DEAD;
 		resp->final = true;
 		return 1;
 	}
-	w->retry_left--;
-	atomic_fetch_add(&qp->cnt.retries, 1);
 	if (c && c->state == URSA_CHAN_READY) {
 		push_request(qp, c, w, r, now);
 	} else {

@@ -2621,7 +2621,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	if (u->m.progress) {
 		/* IBTA 9.7.6.1.3: the retry count restarts with progress */
 		u->m.progress = false;
-		w->retry_left = qp->attr.retry_cnt;
+		ursa_retry_progress(qp, w);
 	}
 	if (u->m.done) {
 		resp->ack = URSA_ACK;
@@ -2685,7 +2685,7 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	}
 	if (now >= u->m.deadline) {
 		/* IBTA 9.7.6.1.3: local ACK timeout */
-		if (!w->retry_left) {
+		if (!ursa_retry_take(qp, w)) {
 			ursa_dbg("qp %u: retries exhausted at PSN %u (packet %u of %u, %u sent)",
 				 qp->ex.qp_base.qp_num,
 				 psn_add(u->m.first, u->m.acked), u->m.acked,
@@ -2697,8 +2697,6 @@ int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			ret = 1;
 			goto out;
 		}
-		w->retry_left--;
-		atomic_fetch_add(&qp->cnt.retries, 1);
 		go_back(qp, u, atomic, now);
 		u->m.deadline = after(now, timeout_ns(qp));
 	} else if (now >= u->m.rto && rc) {

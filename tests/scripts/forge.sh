@@ -37,13 +37,20 @@ cc -O2 -Wall -Wextra -Werror -D_GNU_SOURCE -I"$SRC/include" -o "$tmp/forge" \
 	{ bad roce_forge "does not build"; echo "$pass passed, $fail failed, $skip skipped"; exit 1; }
 
 MIB=${FORGE_MIB:-64}
+# what the attacker learns: one packet of each direction, listening on
+# both of the router's links before the flows start (a transfer can be
+# over before a second listener, started later, would hear anything)
+ip netns exec $R "$tmp/forge" sniff v1r 10 >"$tmp/flows1" 2>&1 &
+sn1=$!
+ip netns exec $R "$tmp/forge" sniff v2r 10 >"$tmp/flows2" 2>&1 &
+sn2=$!
+sleep 0.2
 ip netns exec $H1 $RUN timeout 300 "$XFER" server 7100 >"$tmp/s" 2>&1 &
 spid=$!
 ip netns exec $H2 $RUN timeout 300 "$XFER" client $IP1 7100 $MIB >"$tmp/c" 2>&1 &
 cpid=$!
-# what the attacker learns: one packet of each direction
-ip netns exec $R "$tmp/forge" sniff v1r 10 >"$tmp/flows" 2>&1
-ip netns exec $R "$tmp/forge" sniff v2r 10 >>"$tmp/flows" 2>&1
+wait $sn1 $sn2
+cat "$tmp/flows1" "$tmp/flows2" >"$tmp/flows"
 q1=$(awk -v a=$IP2 -v b=$IP1 '$1 == a && $2 == b {print $3}' "$tmp/flows")	# h1's QP
 q2=$(awk -v a=$IP1 -v b=$IP2 '$1 == a && $2 == b {print $3}' "$tmp/flows")	# h2's QP
 p1=$(awk -v a=$IP2 -v b=$IP1 '$1 == a && $2 == b {print $4}' "$tmp/flows")	# a PSN of each
