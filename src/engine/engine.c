@@ -36,13 +36,6 @@
 #include "../transport/shm.h"
 #include "../transport/udp.h"
 
-/* While there was work in the last URSA_ENG_RECENT_NS, a sleeping engine
- * wakes at least every URSA_ENG_TICK_NS. Then a timer an application's pass
- * sets (an ACK timeout, at least 1 ms ahead) is usually later than the
- * engine's wake-up and needs no doorbell: a ping-pong no longer wakes the
- * engine once per message. An engine idle for longer sleeps until something
- * happens. */
-
 /* An application thread that polls (ibv_poll_cq) holds the context's lock
  * most of the time, doing the engine's work itself. The engine then does not
  * queue for the lock: every wait would cost the application a futex wake on
@@ -286,6 +279,13 @@ static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns,
 	ursa_mutex_unlock(&e->ctx->qp_lock);
 	return true;
 }
+
+/* While there was work in the last URSA_ENG_RECENT_NS, a sleeping engine
+ * wakes at least every URSA_ENG_TICK_NS. Then a timer an application's pass
+ * sets (an ACK timeout, at least 1 ms ahead) is usually later than the
+ * engine's wake-up and needs no doorbell: a ping-pong no longer wakes the
+ * engine once per message. An engine idle for longer sleeps until something
+ * happens. */
 
 static uint64_t tick(struct ursa_engine *e, uint64_t now, uint64_t deadline)
 {
