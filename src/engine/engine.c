@@ -286,7 +286,6 @@ static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns,
  * engine's wake-up and needs no doorbell: a ping-pong no longer wakes the
  * engine once per message. An engine idle for longer sleeps until something
  * happens. */
-
 static uint64_t tick(struct ursa_engine *e, uint64_t now, uint64_t deadline)
 {
 	uint64_t a = atomic_load_explicit(&e->active_ns, memory_order_relaxed);
