@@ -15,10 +15,12 @@ for t in "$BUILD"/tests/unit_* "$BUILD"/tests/fuzz_* "$BUILD"/tests/func_* tests
 	*) cmd="$t";;
 	esac
 	echo "== $t"
+	t0=$(date +%s)
 	# Output goes to a file, not a pipe: a stray process holding the
 	# pipe open could otherwise stall the runner.
 	BUILD="$BUILD" timeout -k 10 900 $cmd >"$log" 2>&1 </dev/null; rc=$?
 	cat "$log"
+	echo "   ($t: $(($(date +%s) - t0)) s)"
 	line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
 	if [ -z "$line" ]; then
 		echo "FAIL $t: no result line (exit $rc)"
