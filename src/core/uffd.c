@@ -24,16 +24,10 @@
 static pthread_mutex_t uffd_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int ufd = -1;	/* -1 not tried yet, -2 unavailable */
 static ursa_uffd_gone_fn gone;
-static atomic_uint_fast64_t events;
 
 void ursa_uffd_set_handler(ursa_uffd_gone_fn fn)
 {
 	gone = fn;
-}
-
-uint64_t ursa_uffd_events(void)
-{
-	return atomic_load_explicit(&events, memory_order_relaxed);
 }
 
 static void handle(int fd, const struct uffd_msg *m)
@@ -60,7 +54,6 @@ static void handle(int fd, const struct uffd_msg *m)
 		break;
 	}
 	}
-	atomic_fetch_add_explicit(&events, 1, memory_order_relaxed);
 }
 
 static void *watcher(void *arg)

@@ -36,8 +36,6 @@ bool ursa_uffd_watch(uintptr_t start, size_t len);
 void ursa_uffd_unwatch(uintptr_t start, size_t len);
 /* Is the watcher running (userfaultfd available to this process)? */
 bool ursa_uffd_active(void);
-/* Events handled since the process started. */
-uint64_t ursa_uffd_events(void);
 /* In a child of fork(): the descriptor belongs to the parent's memory and
  * the watcher thread did not come along; start afresh on demand. */
 void ursa_uffd_atfork_child(void);

@@ -13,17 +13,10 @@
 
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 
 __thread struct ursa_fault *ursa_fault_top __attribute__((tls_model("initial-exec")));
 
 static struct sigaction old_segv, old_bus;
-static atomic_ulong faults;
-
-unsigned long ursa_fault_count(void)
-{
-	return atomic_load_explicit(&faults, memory_order_relaxed);
-}
 
 static void pass_on(int sig, siginfo_t *si, void *uc)
 {
@@ -53,7 +46,6 @@ static void on_fault(int sig, siginfo_t *si, void *uc)
 	 * (SEGV_MAPERR, SEGV_ACCERR, BUS_ADRERR...), not sent by kill() */
 	if (g && si->si_code > 0) {
 		ursa_fault_top = g->prev;
-		atomic_fetch_add_explicit(&faults, 1, memory_order_relaxed);
 		/* SA_NODEFER: the signal is not blocked in the handler, so
 		 * leaving it without restoring the mask is safe */
 		siglongjmp(g->env, 1);

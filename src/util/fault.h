@@ -48,8 +48,6 @@ extern __thread struct ursa_fault *ursa_fault_top
 	__attribute__((tls_model("initial-exec")));
 
 void ursa_fault_init(void);
-/* Faults turned into errors since the process started. */
-unsigned long ursa_fault_count(void);
 
 static inline void ursa_fault_push(struct ursa_fault *g)
 {
