@@ -216,7 +216,7 @@ struct ursa_send_wqe {
 	bool connecting;	   /* shm: waiting for the channel */
 	bool via_udp;		   /* the target is on another host */
 	bool piped;		   /* udp: sent whole, waiting for its ACK
-				    * behind others (udp.c, pipelining) */
+				    * behind others (engine/rc_qp.c, pipelining) */
 	bool refused;		   /* ... refused before it left behind the
 				    * head: it completes as the head */
 	uint64_t xfer_off;	   /* shm: bytes of the message acknowledged */
@@ -233,7 +233,7 @@ struct ursa_qp_counters {
 	 * cross-memory attach (one copy between the MRs) */
 	atomic_uint_fast64_t loop_bytes, ring_bytes, cma_bytes, direct_bytes;
 	atomic_uint_fast64_t map_bytes, map_atomics;
-	/* RoCEv2 (transport/udp.c) */
+	/* RoCEv2 (engine/rc_*.c) */
 	atomic_uint_fast64_t pkts_tx, pkts_rx, naks_seq, naks_inv, naks_access,
 		naks_op, rnr_rcvd, drops;
 	/* same host, as target (ursa_qp_stats) */
@@ -307,11 +307,11 @@ struct ursa_qp {
 	int listen_fd;		   /* abstract socket "\0ursa/qp/<qpn>" */
 	void *listen_watch;
 	struct ursa_chan *chans;   /* channels this QP sends on */
-	struct ursa_uqp *udp;	   /* RoCEv2 state (transport/udp.c) */
+	struct ursa_rc *rc;	   /* RoCEv2 protocol state (engine/rc.h) */
 	/* Set, never cleared, the first time RoCEv2 holds an ACK or a
-	 * request back for this QP (udp.c): until then a pass need not
-	 * call ursa_udp_acks for it (a same-host QP never does). */
-	atomic_bool udp_held;
+	 * request back for this QP (engine/rc_ack.c): until then a pass need not
+	 * call ursa_rc_acks for it (a same-host QP never does). */
+	atomic_bool rc_held;
 	uint32_t pub_slot;	   /* 1 + QP word in the published table */
 	void *pub_mem;
 

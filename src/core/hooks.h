@@ -9,7 +9,7 @@
  * taken out of the same-host table, a WR posted, a fork), core calls
  * through this table, which each of them fills in for its part from a
  * constructor when the library is loaded (transport/loop.c, shm.c, udp.c,
- * engine/engine.c, req.c). All of them are in the same library, so every
+ * engine/engine.c, req.c, rc_qp.c). All of them are in the same library, so every
  * entry is set before any verb runs; core calls them without checking.
  */
 #ifndef URSA_HOOKS_H
@@ -27,10 +27,11 @@ struct ursa_hooks {
 	/* transport/loop.c: the process's QPN table */
 	int (*qp_add)(struct ursa_qp *qp);	/* findable by its QPN */
 	void (*qp_del)(struct ursa_qp *qp);	/* no longer, and idle */
-	/* transport/udp.c: the QP's RoCEv2 state */
-	int (*uqp_init)(struct ursa_qp *qp);
-	void (*uqp_modified)(struct ursa_qp *qp, int mask);
-	void (*uqp_fini)(struct ursa_qp *qp);
+	/* engine/rc_qp.c: the QP's RoCEv2 protocol state */
+	int (*rc_qp_init)(struct ursa_qp *qp);
+	void (*rc_qp_modified)(struct ursa_qp *qp, int mask);
+	void (*rc_qp_fini)(struct ursa_qp *qp);
+	void (*rc_qp_forget)(struct ursa_qp *qp);  /* in a fork child */
 	/* transport/shm.c: channels to same-host peers */
 	void (*chans_close)(struct ursa_qp *qp);   /* peers see them close */
 	void (*unlisten)(struct ursa_qp *qp);

@@ -283,8 +283,7 @@ int ursa_mtt_build_self(struct ursa_mtt *m, uintptr_t start, uintptr_t end)
 	 * block, or a named mapping, which /proc/self/maps tells without
 	 * walking anything) asks more: PAGEMAP_SCAN for anonymous memory, or
 	 * else smaps, which walks the page tables of every mapping of the
-	 * process (about 0.4 ms in a small process, a hundred times an mlock
-	 * of 4 KiB).
+	 * process (a hundred times an mlock of 4 KiB).
 	 */
 	named = named_in(start, end);
 	if (!named && !holds_block(start, end))	/* 4 KiB pages throughout */

@@ -143,7 +143,7 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 	ret = ursa_hooks.qp_add(qp);
 	if (ret)
 		goto err_rq;
-	ret = ursa_hooks.uqp_init(qp);
+	ret = ursa_hooks.rc_qp_init(qp);
 	if (ret) {
 		ursa_hooks.qp_del(qp);
 		goto err_rq;
@@ -213,8 +213,8 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 	ursa_hooks.unlisten(qp);
 	ursa_mutex_unlock(&ctx->qp_lock);
 	/* Only now: a pass (engine or application, under qp_lock) walks
-	 * ctx->qps and reads qp->udp (held ACKs, send steps). */
-	ursa_hooks.uqp_fini(qp);
+	 * ctx->qps and reads qp->rc (held ACKs, send steps). */
+	ursa_hooks.rc_qp_fini(qp);
 	ursa_pub_qp_free(qp);
 	qp_clean_cqs(qp);
 	atomic_fetch_sub(&qp->pd->refs, 1);
@@ -407,7 +407,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		ursa_pub_qp_update(qp);
 		pthread_mutex_unlock(&qp->state_lock);
 		ursa_mutex_unlock(&ctx->qp_lock);
-		ursa_hooks.uqp_modified(qp, mask);
+		ursa_hooks.rc_qp_modified(qp, mask);
 		return 0;
 	}
 	if (next == IBV_QPS_ERR) {
@@ -415,7 +415,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 		if (eng)
 			ursa_mutex_unlock(&ctx->qp_lock);
 		ursa_qp_to_error(qp, false);
-		ursa_hooks.uqp_modified(qp, mask);
+		ursa_hooks.rc_qp_modified(qp, mask);
 		return 0;
 	}
 	if (next == IBV_QPS_SQD && cur != IBV_QPS_SQD) {
@@ -433,7 +433,7 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	pthread_mutex_unlock(&qp->state_lock);
 	if (eng)
 		ursa_mutex_unlock(&ctx->qp_lock);
-	ursa_hooks.uqp_modified(qp, mask);
+	ursa_hooks.rc_qp_modified(qp, mask);
 	if (next == IBV_QPS_RTS && ctx->eng)
 		ursa_hooks.kick(ctx->eng);
 	return 0;

@@ -73,7 +73,7 @@ static bool any_pending(struct ursa_engine *e, uint64_t now,
 	/* (a datagram waiting on the RoCEv2 socket wakes epoll_wait) */
 	for (struct ursa_qp *qp = ctx->qps; qp && !p; qp = qp->next)
 		p = ursa_req_pending(qp, now, deadline) ||
-		    ursa_udp_acks(qp, &now, deadline, true) > 0;
+		    ursa_rc_acks(qp, &now, deadline, true) > 0;
 	ursa_mutex_unlock(&ctx->qp_lock);
 	return p;
 }
@@ -90,14 +90,14 @@ static int pass(struct ursa_ctx *ctx, uint64_t *now, uint64_t *deadline,
 	ursa_pass_ctx = ctx;
 	/* (The transports complete a QP's own requests before they deliver
 	 * a peer's request that its answer preceded: ursa_shm_serve and
-	 * on_packet in udp.c; docs/design.md "Completion order".) */
+	 * rc_rx in engine/rc_recv.c; docs/design.md "Completion order".) */
 	work += ursa_shm_serve(ctx->eng) + ursa_udp_poll();
 	/* (an idle QP costs two loads: a poll of an empty CQ runs this) */
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next) {
 		if (ursa_ring_ready(&qp->sq))
 			work += ursa_req_process_lazy(qp, now, deadline);
-		if (atomic_load_explicit(&qp->udp_held, memory_order_relaxed))
-			work += ursa_udp_acks(qp, now, deadline, engine);
+		if (atomic_load_explicit(&qp->rc_held, memory_order_relaxed))
+			work += ursa_rc_acks(qp, now, deadline, engine);
 	}
 	ursa_pass_ctx = NULL;
 	return work;
@@ -296,6 +296,7 @@ static uint64_t tick(struct ursa_engine *e, uint64_t now, uint64_t deadline)
 }
 
 static struct ursa_watch doorbell_watch = { URSA_W_DOORBELL, NULL, NULL };
+static struct ursa_watch udp_watch = { URSA_W_UDP, (void *)1, NULL };
 
 /*
  * The spin adapts to the gaps between bursts of work: a gap that a spin a
@@ -305,8 +306,8 @@ static struct ursa_watch doorbell_watch = { URSA_W_DOORBELL, NULL, NULL };
  * its ACK before the next starts: tens of microseconds on the receiver
  * with nothing to do) otherwise put the receiving engine to sleep once or
  * twice per message, and every wake-up costs the sender's send call a
- * cross-core wake and the receiver the scheduler's latency: 1 MiB WRITEs
- * between namespaces ran 5-15 % faster with a long spin. An idle or
+ * cross-core wake and the receiver the scheduler's latency (docs/design.md
+ * "Queues, rings and the engine"). An idle or
  * sporadic engine keeps the short one.
  */
 static uint64_t spin_adapt(const struct ursa_engine *e, uint64_t gap)
@@ -401,7 +402,7 @@ static void *engine_main(void *arg)
 					 * latency test does while it spins on
 					 * memory): halve the quiet time, down to
 					 * none. */
-					ursa_udp_engine_watch(e, true);
+					ursa_udp_engine_watch(&e->udp, true);
 					handle_events(e, 0, &udp);
 					if (udp) {
 						e->quiet_cur /= 2;
@@ -412,7 +413,7 @@ static void *engine_main(void *arg)
 					}
 					break;
 				}
-				ursa_udp_engine_watch(e, !quiet);
+				ursa_udp_engine_watch(&e->udp, !quiet);
 				deadline = tick(e, now, deadline);
 				until = deadline;
 				if (quiet && until > now + e->quiet_cur)
@@ -480,6 +481,7 @@ int ursa_engine_start(struct ursa_ctx *ctx)
 	e->spin_max_ns = (uint64_t)ursa_cfg()->spin_max_us * 1000;
 	e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	e->epfd = epoll_create1(EPOLL_CLOEXEC);
+	e->udp = (struct ursa_udp_watch){ .epfd = e->epfd, .tag = &udp_watch };
 	if (e->efd < 0 || e->epfd < 0) {
 		ret = -errno;
 		goto err;
@@ -538,7 +540,7 @@ void ursa_engine_forget(struct ursa_engine *e)
 		ursa_shm_forget(c);
 	/* the child must not take doorbells meant for the parent's engine */
 	close(e->epfd);
-	e->epfd = -1;
+	e->epfd = e->udp.epfd = -1;
 	e->forked = true;
 }
 

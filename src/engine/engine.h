@@ -20,6 +20,8 @@
 #define URSA_ENGINE_H
 
 #include "../core/core.h"
+#include "../transport/loop.h"
+#include "../transport/udp.h"
 
 /* The part of an engine other processes see: a shared page holding the
  * "I am asleep" flag that decides whether a peer must ring the doorbell. */
@@ -58,8 +60,7 @@ struct ursa_engine {
 	atomic_bool quiet_sleep; /* the engine sleeps because one polls */
 	uint64_t quiet_ns;	/* URSA_QUIET_US (engine.c) */
 	uint64_t quiet_cur, quiet_off;	/* adapted quiet time; when it went to 0 */
-	bool udp_watched;	/* RoCEv2 side set in epfd (under the udp lock) */
-	bool udp_gone;		/* the context left RoCEv2 (under the udp lock) */
+	struct ursa_udp_watch udp; /* the RoCEv2 sockets in epfd */
 	uint64_t spin_ns;
 	uint64_t spin_max_ns;	/* URSA_SPIN_MAX_US: the adapted spin's bound */
 	struct ursa_chan *served;  /* channels whose target QP is ours */
@@ -267,21 +268,42 @@ static inline bool ursa_rnr_retry_take(struct ursa_qp *qp,
 	return true;
 }
 
-/* transport/loop.c: QPN registry (host-wide) and in-process delivery. */
-int ursa_loop_add(struct ursa_qp *qp);
-void ursa_loop_del(struct ursa_qp *qp);
-bool ursa_gid_is_local(const union ibv_gid *g);
-void ursa_loop_atfork_child(void);
-/* Target QP for (dgid, qpn) with a reference, or NULL when unreachable. */
-struct ursa_qp *ursa_loop_get(const union ibv_gid *dgid, uint32_t qpn);
-/* Which transport reaches (dgid, qpn) from qp: this process (*t: the
- * target, with a reference), another process on this host, or another
- * host. cache (a requester under ctx->qp_lock): remember "another
- * process" in qp->route until this process adds a QP, so a connected
- * QP's requests skip the lookup and its lock. */
-enum ursa_route { URSA_ROUTE_LOOP, URSA_ROUTE_SHM, URSA_ROUTE_UDP };
-enum ursa_route ursa_loop_route(struct ursa_qp *qp, const union ibv_gid *dgid,
-				uint32_t qpn, bool cache, struct ursa_qp **t);
-void ursa_loop_put(struct ursa_qp *qp);
+/* The RoCEv2 packet engine (rc.h, rc_*.c): a QP's protocol state, made
+ * and dropped with the QP (core's hooks), and reset by modify_qp. */
+int ursa_rc_qp_init(struct ursa_qp *qp);
+void ursa_rc_qp_fini(struct ursa_qp *qp);
+void ursa_rc_qp_modified(struct ursa_qp *qp, int mask);
+/* fork(): the child closes the inherited QP's sockets. */
+void ursa_rc_qp_forget(struct ursa_qp *qp);
+/* Requester step for a WQE whose target is another host (same contract as
+ * ursa_shm_step). */
+int ursa_rc_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		 const struct ursa_req *r, uint64_t now,
+		 struct ursa_resp *resp, uint64_t *until);
+bool ursa_rc_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
+/* The QP's held-back ACK and held request (rc_ack.c "Delayed ACK"): sent or
+ * executed if due, else *deadline lowered to when they are (engine: the
+ * engine's own pass). *now: the clock, 0 until read (ursa_need_now).
+ * Returns how many were due. */
+int ursa_rc_acks(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
+		 bool engine);
+/* At process exit: send the QP's held-back ACK. */
+void ursa_rc_ack_exit(struct ursa_qp *qp);
+/* WQE w completes: release what its message holds (done, flushed). */
+void ursa_rc_abort(struct ursa_qp *qp, const struct ursa_send_wqe *w);
+/* May WQE w go out now, while the messages before it wait for their ACK
+ * (pipelining: RC WRITEs and SENDs, or READs and atomics)? */
+bool ursa_rc_can_start(struct ursa_qp *qp, const struct ursa_send_wqe *w);
+/* How many WQEs, from the head, wait sent whole (the one being sent, if
+ * any, comes next in the queue). */
+uint32_t ursa_rc_piped(struct ursa_qp *qp);
+/* Is w in flight: 1 sent whole, waiting for its ACK; 2 being sent; 0 no. */
+int ursa_rc_inflight(struct ursa_qp *qp, const struct ursa_send_wqe *w);
+/* For the fuzz targets: the responder's expected PSN; the PSN of the
+ * requester's oldest packet not yet answered (what a response aimed at it
+ * should carry). */
+uint32_t ursa_rc_epsn(struct ursa_qp *qp);
+uint32_t ursa_rc_unanswered_psn(struct ursa_qp *qp);
+
 
 #endif

@@ -336,7 +336,7 @@ static void complete(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 	uint32_t opcode = w->opcode;
 
 	if (w->via_udp)
-		ursa_udp_abort(qp, w);	/* whatever state the message left */
+		ursa_rc_abort(qp, w);	/* whatever state the message left */
 	ursa_ring_consume(&qp->sq, 1);
 	if (signaled)
 		push_wc(qp, wr_id, opcode, len, st, why);
@@ -514,7 +514,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		uint64_t until = UINT64_MAX;
 
 		w->via_udp = true;
-		if (!ursa_udp_step(qp, w, &r, ursa_need_now(now), &resp, &until)) {
+		if (!ursa_rc_step(qp, w, &r, ursa_need_now(now), &resp, &until)) {
 			put_local(w, refs);
 			a->done = 0;
 			a->retry_at = until;
@@ -590,7 +590,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 }
 
 /*
- * Pipelining on the RoCEv2 transport (udp.c): the WQEs behind the head may
+ * Pipelining on the RoCEv2 engine (rc_qp.c): the WQEs behind the head may
  * go out before its ACK. visit: run the one being sent (more packets) and
  * each that may start, until one may not. !visit: only tell whether one
  * may start.
@@ -602,14 +602,14 @@ static bool pipe_walk(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
 	uint32_t head = atomic_load_explicit(&qp->sq.head, memory_order_relaxed);
 
 	/* (the pipe holds the first WQEs of the queue: start behind it) */
-	for (uint32_t k = MAX(1u, ursa_udp_piped(qp)); k < n; k++) {
+	for (uint32_t k = MAX(1u, ursa_rc_piped(qp)); k < n; k++) {
 		struct ursa_send_wqe *w = ursa_ring_slot(&qp->sq, head + k);
-		int in = ursa_udp_inflight(qp, w);
+		int in = ursa_rc_inflight(qp, w);
 		struct attempt a = { 0 };
 
 		if (in == 1)
 			continue;	/* sent whole: waits for its ACK */
-		if (!in && (w->refused || !ursa_udp_can_start(qp, w)))
+		if (!in && (w->refused || !ursa_rc_can_start(qp, w)))
 			return false;
 		if (!visit) {
 			if (in)
@@ -639,7 +639,7 @@ static bool pipe_walk(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
 static bool wqe_due(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 {
 	if (w->via_udp && w->inflight)
-		return ursa_udp_ready(qp, w, now) ||
+		return ursa_rc_ready(qp, w, now) ||
 		       pipe_walk(qp, NULL, NULL, false);
 	if (w->inflight || w->connecting)
 		return ursa_shm_ready(qp, w, now);

@@ -175,7 +175,7 @@ void ursa_loop_atfork_child(void)
 			struct bucket_ent *e = buckets[b];
 
 			buckets[b] = e->next;
-			ursa_udp_qp_forget(e->qp);
+			ursa_hooks.rc_qp_forget(e->qp);
 			if (e->qp->listen_fd >= 0)
 				close(e->qp->listen_fd);
 			for (struct ursa_chan *c = e->qp->chans; c; c = c->next)

@@ -215,8 +215,7 @@ static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
  * itself anyway:
  * - within URSA_SHM_RING_SOON_NS (20 µs): the write(2) and the wake-up it
  *   causes would gain the request no more than that (a same-host SEND to a
- *   server blocked on its completion channel: 17.6 -> 2.7 µs at p50,
- *   bench/kv.sh);
+ *   server blocked on its completion channel, bench/kv.sh: docs/design.md);
  * - or within URSA_RING_WAKE_US (2000) while an application thread of the
  *   peer polled in the last URSA_RING_APP_US (50 µs; 0 turns this skip
  *   off): that thread's next pass serves the ring (a same-host SEND

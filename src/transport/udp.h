@@ -9,24 +9,36 @@
  * rxe). Datagrams are sent from an unconnected socket with DF set, so Linux
  * gives them IP ID 0: the ICRC, which covers the IPv4 ID, is computed over
  * the exact IP and UDP headers the kernel will send, without raw sockets.
- * Received packets have their ICRC checked the same way.
+ * Received packets have their ICRC checked the same way, accepting any
+ * IPv4 ID a sending kernel or NIC chose (docs/design.md "Wire").
  *
- * Reliability (RC, IBTA 9.7): PSNs per packet, AckReq on the last packet of
- * a message and every 16 packets, cumulative ACKs, one PSN-sequence NAK per
- * gap and go-back-N from the NAKed PSN, duplicate handling (SEND/WRITE
- * acknowledged not applied, READ re-executed, atomic answered from the saved
- * value), local ACK timeout with retry_cnt, RNR NAK with rnr_retry.
+ * The protocol on top (RC, UC, UD: PSNs, ACKs, retransmission, the
+ * responder's checks) is the engine's, engine/rc.h; this header is what it
+ * asks of the transport (the wire interface below) and what the rest of
+ * the library starts and stops.
  */
 #ifndef URSA_UDP_H
 #define URSA_UDP_H
 
-#include "../engine/engine.h"
+#include <string.h>
+#include <sys/socket.h>
 
-struct ursa_uqp;
+#include "../core/core.h"
+#include "loop.h"
 
-/* Device-wide: open the RoCEv2 socket (first context). 0 or -errno. */
-int ursa_udp_start(struct ursa_ctx *ctx);
-void ursa_udp_ctx_gone(struct ursa_ctx *ctx);
+/* An engine's epoll set as the RoCEv2 side sees it (struct ursa_engine
+ * holds one): the receive sockets' events there carry tag. */
+struct ursa_udp_watch {
+	int epfd;
+	void *tag;
+	bool watched;	/* the side set is in epfd (under the udp lock) */
+	bool gone;	/* the context left RoCEv2 (under the udp lock) */
+};
+
+/* Device-wide: open the RoCEv2 socket (first context); w: the context's
+ * engine (NULL: none). 0 or -errno. */
+int ursa_udp_start(struct ursa_udp_watch *w);
+void ursa_udp_ctx_gone(struct ursa_udp_watch *w);
 /* Receive and process what is waiting; returns packets handled. */
 int ursa_udp_poll(void);
 /* Whether application passes read the RoCEv2 sockets (there was traffic). */
@@ -35,57 +47,125 @@ bool ursa_udp_live(void);
  * now on (until then they skip them). */
 void ursa_udp_wake(void);
 /* Add (on) or remove the RoCEv2 sockets in an engine's epoll set. */
-void ursa_udp_engine_watch(struct ursa_engine *e, bool on);
+void ursa_udp_engine_watch(struct ursa_udp_watch *w, bool on);
 int ursa_udp_fd(void);
 /* Fault injection on transmit: "loss=P,dup=P,reorder=P,corrupt=P,delay=P,
  * delay_us=N,seed=S" (P in percent); NULL turns it off. */
 int ursa_udp_fault(const char *spec);
 
-/* fork(): the child's own sockets (opened with its first context), and
- * the inherited QPs' sockets closed. */
+/* fork(): the child's own sockets (opened with its first context). */
 void ursa_udp_atfork_child(void);
-void ursa_udp_qp_forget(struct ursa_qp *qp);
-
-int ursa_uqp_init(struct ursa_qp *qp);
-void ursa_uqp_fini(struct ursa_qp *qp);
-/* modify_qp hooks: new sq_psn / rq_psn / path. */
-void ursa_uqp_modified(struct ursa_qp *qp, int mask);
-
-/* Requester step for a WQE whose target is another host (same contract as
- * ursa_shm_step). */
-int ursa_udp_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
-		  const struct ursa_req *r, uint64_t now,
-		  struct ursa_resp *resp, uint64_t *until);
-bool ursa_udp_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now);
-/* The QP's held-back ACK and held request (udp.c "Delayed ACK"): sent or
- * executed if due, else *deadline lowered to when they are (engine: the
- * engine's own pass). *now: the clock, 0 until read (ursa_need_now).
- * Returns how many were due. */
-int ursa_udp_acks(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline,
-		  bool engine);
-/* At process exit: send the QP's held-back ACK. */
-void ursa_udp_ack_exit(struct ursa_qp *qp);
-/* WQE w completes: release what its message holds (done, flushed). */
-void ursa_udp_abort(struct ursa_qp *qp, const struct ursa_send_wqe *w);
-/* May WQE w go out now, while the messages before it wait for their ACK
- * (pipelining: RC WRITEs and SENDs, or READs and atomics)? */
-bool ursa_udp_can_start(struct ursa_qp *qp, const struct ursa_send_wqe *w);
 /* Steps between on and off leave their packets for one flush at off (one
  * sendmmsg for the messages a pipelined send queue starts at once). */
 void ursa_udp_tx_hold(bool on);
-/* How many WQEs, from the head, wait sent whole (the one being sent, if
- * any, comes next in the queue). */
-uint32_t ursa_udp_piped(struct ursa_qp *qp);
-/* Is w in flight: 1 sent whole, waiting for its ACK; 2 being sent; 0 no. */
-int ursa_udp_inflight(struct ursa_qp *qp, const struct ursa_send_wqe *w);
+
+/* --- the wire interface: what the RoCEv2 engine (engine/rc.h) asks of the
+ * transport. The transport moves packets and knows sockets, batches,
+ * segmentation offload, forwarding between processes, injected faults and
+ * the capture; the engine knows the protocol. --- */
+
+static inline bool ursa_gid_v4(const union ibv_gid *g)
+{
+	static const uint8_t pfx[12] = { [10] = 0xff, [11] = 0xff };
+
+	return !memcmp(g->raw, pfx, 12);
+}
+
+/* A QP's sockets: it sends from its own source port (flow entropy, as
+ * rxe: 0xC000 + a hash of the QPN) and, once it hears from its peer,
+ * receives on a socket connected to the peer's address and port. */
+struct ursa_udp_ep {
+	int txfd, txfd6;
+	uint16_t sport;
+	int rxfd;		/* connected to the peer's address and port */
+	uint16_t rx_port;	/* the peer's source port it is connected to */
+};
+/* 0 or -errno (a socket that cannot be opened leaves its fd -1: the QP
+ * then sends nothing on that family). */
+int ursa_udp_ep_open(struct ursa_udp_ep *ep, uint32_t qpn);
+void ursa_udp_ep_close(struct ursa_udp_ep *ep);
+/* fork(): the child leaves the inherited sockets to the parent. */
+void ursa_udp_ep_forget(struct ursa_udp_ep *ep);
+/* Connect the QP's receive socket to the peer (under the receive lock the
+ * up-call runs with); on failure packets keep coming through the group. */
+void ursa_udp_ep_connect(struct ursa_udp_ep *ep, const union ibv_gid *peer,
+			 uint16_t sport);
+/* Whether packets from src to dst can leave and answers come back (the
+ * receive sockets are open); marks the transport live. */
+bool ursa_udp_reachable(const struct ursa_udp_ep *ep, const union ibv_gid *src,
+			const union ibv_gid *dst);
+
+/*
+ * The ICRC's register after the masked IP and UDP headers (roce_icrc_pfx)
+ * for one pair of addresses, ports and length, kept for the next packet:
+ * a stream's packets share it, and building the headers and their CRC was
+ * a fifth of the work a 1 KiB packet costs on either side, besides the
+ * payload's CRC.
+ */
+struct ursa_udp_pfx {
+	union ibv_gid src, dst;
+	size_t len;
+	uint16_t sport, dport;
+	bool ok;
+	uint32_t reg;
+};
+uint32_t ursa_udp_icrc_pfx(struct ursa_udp_pfx *c, const union ibv_gid *src,
+			   const union ibv_gid *dst, uint16_t sport,
+			   size_t ib_len);
+
+/* Where the next packet of this thread's send batch is built (NULL: no
+ * batch, the packet is lost); a packet built there is not copied again.
+ * ursa_udp_in_slot: is ib that place? */
+uint8_t *ursa_udp_slot(void);
+bool ursa_udp_in_slot(const uint8_t *ib);
+/* Send one transport packet (ib, len with the ICRC's room) from the QP's
+ * socket; computes the ICRC unless the builder did (have_icrc); applies
+ * injected faults; writes the capture. Returns whether it was taken (the
+ * families match and the QP has a socket for them). */
+bool ursa_udp_send(const struct ursa_udp_ep *ep, const union ibv_gid *src,
+		   const union ibv_gid *dst, uint8_t *ib, size_t len,
+		   uint8_t ttl, bool have_icrc);
+/*
+ * The short way for a message's packets of one size to one destination
+ * (the MIDDLE packets of a stream): ursa_udp_dest_set once per message,
+ * then ursa_udp_send_to per packet, whose ICRC the engine computed. Only
+ * while ursa_udp_plain() (no faults injected, no capture: ursa_udp_send
+ * does those); a destination's tag lets its packets join one GSO run
+ * without comparing addresses.
+ */
+struct ursa_udp_dest {
+	int fd;
+	uint64_t tag;
+	socklen_t tolen;
+	struct sockaddr_storage to;
+};
+bool ursa_udp_plain(void);
+/* 0, or -EAFNOSUPPORT when the QP has no socket for dst's family. */
+int ursa_udp_dest_set(const struct ursa_udp_ep *ep, const union ibv_gid *src,
+		      const union ibv_gid *dst, struct ursa_udp_dest *d);
+void ursa_udp_send_to(const struct ursa_udp_dest *d, uint8_t *ib, size_t len);
+/* Packets this thread ever put in its batch (did a step send any?) */
+unsigned long ursa_udp_added(void);
+/* Send this thread's batch now; _soon: unless a hold is on (tx_hold). */
+void ursa_udp_flush(void);
+void ursa_udp_flush_soon(void);
+/* What the kernel granted the receive socket (bytes): bounds the window. */
+int ursa_udp_rcvbuf(void);
+
+/* Up-calls the engine registers (its constructor): a received packet,
+ * ICRC checked, for the engine to dispatch. run_qp: see rc_rx in
+ * engine/rc_recv.c. Returns 0, or -ENOENT for a QPN no QP of this process has
+ * (*dqpn set: the transport may forward it). */
+struct ursa_udp_up {
+	int (*rx)(uint8_t *buf, size_t len, const union ibv_gid *src,
+		  uint16_t sport, const union ibv_gid *dst,
+		  struct ursa_qp **run_qp, uint32_t *dqpn);
+};
+extern struct ursa_udp_up ursa_udp_up;
 
 /* Test hooks (fuzz target). */
 void ursa_udp_inject(uint8_t *buf, size_t len, const union ibv_gid *src,
 		     uint16_t sport, const union ibv_gid *dst);
-uint32_t ursa_udp_epsn(struct ursa_qp *qp);
-/* For the responder fuzz target: the PSN of the requester's oldest packet
- * not yet answered (what a response the fuzzer aims at it should carry). */
-uint32_t ursa_udp_unanswered_psn(struct ursa_qp *qp);
 uint16_t ursa_udp_port(void);
 /* For gsi.c: write the ICRC of a packet sent from sport to dst's RoCEv2
  * port, and capture it. */

@@ -100,7 +100,7 @@ EXPORT int ibv_get_device_index(struct ibv_device *device)
 
 /* A program that exits without destroying its QPs must not leave a peer
  * retrying for the ACK of its last message, which a real NIC would have
- * sent long ago: held-back ACKs (transport/udp.c) leave at exit. */
+ * sent long ago: held-back ACKs (engine/rc_ack.c) leave at exit. */
 static void acks_at_exit(void)
 {
 	struct ursa_device *dev = ursa_device_get();
@@ -111,7 +111,7 @@ static void acks_at_exit(void)
 		if (!ursa_mutex_trylock(&c->qp_lock))
 			continue;
 		for (struct ursa_qp *qp = c->qps; qp; qp = qp->next)
-			ursa_udp_ack_exit(qp);
+			ursa_rc_ack_exit(qp);
 		ursa_mutex_unlock(&c->qp_lock);
 	}
 	pthread_mutex_unlock(&dev->ctx_lock);
@@ -176,7 +176,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	}
 	/* RoCEv2 to other hosts; without it this process still reaches
 	 * every QP on its own host */
-	ursa_udp_start(ctx);
+	ursa_udp_start(ctx->eng ? &ctx->eng->udp : NULL);
 	pthread_mutex_lock(&dev->ctx_lock);
 	ctx->next_ctx = dev->ctxs;
 	dev->ctxs = ctx;
@@ -204,7 +204,7 @@ EXPORT int ibv_close_device(struct ibv_context *c)
 	 * their pages (MRs a program never deregistered keep theirs). */
 	if (last)
 		ursa_rcache_drain(&ctx->dev->rcache);
-	ursa_udp_ctx_gone(ctx);
+	ursa_udp_ctx_gone(ctx->eng ? &ctx->eng->udp : NULL);
 	ursa_engine_stop(ctx);
 	ursa_evq_fini(&ctx->async, free);
 	if (c->cmd_fd >= 0)

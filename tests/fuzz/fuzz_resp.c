@@ -37,6 +37,7 @@
 #include <infiniband/verbs.h>
 
 #include "../../src/core/core.h"
+#include "../../src/engine/engine.h"
 #include "../../src/proto/roce.h"
 #include "../../src/transport/udp.h"
 #include "replay.h"
@@ -249,9 +250,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			/* (the requester: a response for its oldest
 			 * unanswered packet or one of the next seven) */
 			uint32_t e = qp == qps[3] ?
-				(ursa_udp_unanswered_psn(to_uqp(qp)) + (pkt[11] & 7)) &
+				(ursa_rc_unanswered_psn(to_uqp(qp)) + (pkt[11] & 7)) &
 					0xffffff :
-				ursa_udp_epsn(to_uqp(qp));
+				ursa_rc_epsn(to_uqp(qp));
 
 			pkt[9] = (uint8_t)(e >> 16);
 			pkt[10] = (uint8_t)(e >> 8);

@@ -15,7 +15,7 @@
  * operation and exits 0 only if all data arrived exactly once, in order,
  * byte for byte. Each keeps DEPTH requests outstanding (WRITEs and READs
  * in pieces of 1 KiB to 1 MiB), so that RC messages follow each other
- * before their answers (udp.c, pipelining) through every loss.
+ * before their answers (engine/rc_qp.c, pipelining) through every loss.
  * Completions must come in posting order. Then ATOMICS fetch-and-adds
  * and compare-and-swaps on one word of the server, with 8-byte READs of
  * it among them, 16 outstanding (max_rd_atomic): each atomic must return
@@ -32,7 +32,7 @@
  *
  * --bad-middle: 12 WRITEs of 4 KiB posted at once, the 6th with a wrong
  * rkey: the 5 before it complete successfully, it with REM_ACCESS_ERR
- * (the responder's NAK reaches a message sent behind others, udp.c
+ * (the responder's NAK reaches a message sent behind others, rc_qp.c
  * pipelining), the 6 after it with WR_FLUSH_ERR, all in order; the first
  * 5 WRITEs' bytes are in the server's buffer.
  *
@@ -46,7 +46,7 @@
  * responder's fault guard instead of the watch (design.md, "Memory
  * unmapped under an MR").
  *
- * --acks: the delayed ACK (transport/udp.c ack_later):
+ * --acks: the delayed ACK (engine/rc_ack.c rc_ack_later):
  * - PINGS one-way WRITEs, each awaited: the server, which never sends a
  *   request, holds only a few ACKs (the backoff), not one per WRITE;
  * - a SEND ping-pong of PINGS rounds: the client's ACKs of the server's

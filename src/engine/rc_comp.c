@@ -1,0 +1,511 @@
+// SPDX-License-Identifier: MIT
+/*
+ * rc_comp.c - the completer of the RoCEv2 engine (rc.h): ACKs, NAKs, READ
+ * responses and atomic answers move the requester's messages on; the
+ * cumulative ACK completes the pipe's WRITEs and SENDs (IBTA 9.7.5.1.1),
+ * a PSN-sequence NAK or the RTO goes back to the first unacknowledged
+ * packet (go-back-N); the round trip is measured (Karn) for the RTO.
+ */
+#include "rc.h"
+
+#include <stdlib.h>
+
+/* Time one first-sent packet at a time; a retransmission cancels the
+ * measurement, since its answer could be for either copy (Karn). */
+void rc_rtt_start(struct ursa_rc *u, uint32_t idx, uint64_t now)
+{
+	if (u->timing)
+		return;
+	u->timing = true;
+	u->t_psn = psn_add(u->m.first, idx);
+	u->t_sent = now;
+}
+
+/* PSNs up to last are acknowledged: take the sample if it is one of them,
+ * and progress ends the backoff. */
+static void rtt_acked_psn(struct ursa_rc *u, uint32_t last, uint64_t now)
+{
+	uint64_t r, d;
+
+	u->backoff = 0;
+	if (!u->timing || ((last - u->t_psn) & 0xffffff) >= 0x800000)
+		return;
+	u->timing = false;
+	r = now - u->t_sent;
+	if (!u->srtt) {
+		u->srtt = r;
+		u->rttvar = r / 2;
+		return;
+	}
+	d = r > u->srtt ? r - u->srtt : u->srtt - r;
+	u->rttvar = (3 * u->rttvar + d) / 4;
+	u->srtt = (7 * u->srtt + r) / 8;
+}
+
+/* The first acked packets of the message in flight are acknowledged. */
+static void rtt_acked(struct ursa_rc *u, uint32_t acked, uint64_t now)
+{
+	if (acked)
+		rtt_acked_psn(u, psn_add(u->m.first, acked - 1), now);
+	else
+		u->backoff = 0;
+}
+
+uint64_t rc_timeout_ns(struct ursa_qp *qp)
+{
+	return ursa_ack_timeout_ns(qp->attr.timeout);
+}
+
+uint64_t rc_after(uint64_t now, uint64_t d)
+{
+	return d == UINT64_MAX ? UINT64_MAX : now + d;
+}
+
+/*
+ * Early retransmission: packets outstanding with no news for the RTO are
+ * sent again from the first unacknowledged one. A lost last packet, ACK or
+ * NAK then costs about a round trip instead of a whole ACK timeout;
+ * duplicates are harmless to the responder (IBTA 9.7.5.1.3). Only the ACK
+ * timeout counts against retry_cnt.
+ *
+ * The RTO follows the measured round trip as TCP's does (RFC 6298):
+ * srtt + 4 * rttvar, never below URSA_RTO_US (default 1 ms) nor above
+ * the ACK timeout, doubled for each early retransmission that brought no
+ * progress. A fixed RTO shorter than the round trip of a loaded host (a
+ * peer process waiting for a core) resends windows that were never lost,
+ * which loads the host further: congestion collapse.
+ */
+uint64_t rc_rto_ns(struct ursa_qp *qp)
+{
+	struct ursa_rc *u = qp->rc;
+	uint64_t floor = (uint64_t)ursa_cfg()->rto_us * 1000, r;
+
+	r = u->srtt ? MAX(floor, u->srtt + 4 * u->rttvar) : floor;
+	r <<= MIN(u->backoff, 8u);
+	return MIN(rc_timeout_ns(qp), r);
+}
+
+/* Send again from the first unacknowledged packet (a READ asks again
+ * inside its piece, an atomic is resent whole), and back the RTO off. */
+void rc_go_back(struct ursa_qp *qp, struct ursa_rc *u, bool atomic,
+		uint64_t now)
+{
+	atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+	u->timing = false;
+	u->backoff++;
+	u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
+	u->ssthresh = MAX(URSA_UDP_WINDOW, u->cwnd);
+	u->cwnd_acc = 0;
+	if (u->m.is_read)
+		u->m.resend_read = true;
+	else
+		u->m.sent = u->m.acked;
+	if (atomic)
+		u->m.sent = 0;
+	u->m.rto = rc_after(now, rc_rto_ns(qp));
+}
+
+/* PSNs up to last are acknowledged (cumulative): the pipe's messages they
+ * cover are done. */
+static void pipe_ack(struct ursa_qp *qp, struct ursa_rc *u, uint32_t last,
+		     uint64_t now)
+{
+	bool moved = false;
+
+	for (uint32_t i = 0; i < u->pipe_n; i++) {
+		struct upipe *e = PIPE(u, i);
+		uint32_t idx = (last - e->first) & 0xffffff, n;
+
+		if (e->done)
+			continue;
+		if (idx >= 0x800000 || e->is_read || e->is_atomic)
+			break;	/* (before this message; READ, atomic: their
+				 * responses) */
+		n = MIN(idx + 1, e->npkts);
+		if (n > e->acked) {
+			u->pipe_out -= MIN(u->pipe_out, n - e->acked);
+			rc_window_grow(qp, u, n - e->acked);
+			e->acked = n;
+			moved = true;
+		}
+		if (e->acked < e->npkts)
+			break;
+		e->done = true;
+	}
+	if (moved) {
+		rtt_acked_psn(u, last, now);
+		u->m.deadline = rc_after(now, rc_timeout_ns(qp));
+		u->m.rto = rc_after(now, rc_rto_ns(qp));
+	}
+}
+
+/* The oldest message of the pipe becomes the one in flight again (see
+ * rc_pipe_class); the others' state goes: they start again behind it. */
+void rc_pipe_collapse(struct ursa_rc *u)
+{
+	struct upipe e = *PIPE(u, 0);
+	uint64_t deadline = u->m.deadline, rto = u->m.rto;
+
+	memset(&u->m, 0, sizeof(u->m));
+	u->m.active = true;
+	u->m.wqe = e.wqe;
+	u->m.op = e.op;
+	u->m.mtu = e.mtu;
+	u->m.len = e.len;
+	u->m.npkts = e.npkts;
+	u->m.first = e.first;
+	u->m.sent = u->m.acked = e.acked;
+	u->m.hiwat = e.npkts;
+	u->m.deadline = deadline;
+	u->m.rto = rto;
+	u->m.is_read = e.is_read;	/* (asks again from acked) */
+	u->m.ndst = e.ndst;
+	memcpy(u->m.dst, e.dst, e.ndst * sizeof(e.dst[0]));
+	if (u->pipe_nak && ((u->pipe_nak_psn - e.first) & 0xffffff) < e.npkts) {
+		u->m.nak = u->pipe_nak;
+		u->m.nak_psn = u->pipe_nak_psn;
+	}
+	u->next_psn = psn_add(e.first, e.npkts);
+	rc_pipe_drop(u);
+	u->timing = false;
+	if (e.is_read || e.is_atomic)
+		u->pipe_cool = e.wqe;
+}
+
+/* Place READ response packet idx of a READ of len bytes (npkts packets of
+ * mtu) into dst: bounded by what was asked for, into our own buffers.
+ * False (and counted) when its length does not fit. */
+static bool read_place(const struct ursa_sg *dst, uint32_t ndst, uint64_t len,
+		       uint32_t npkts, uint32_t mtu, uint32_t idx,
+		       const struct roce_pkt *p)
+{
+	uint64_t off = (uint64_t)idx * mtu;
+
+	if (off + p->paylen > len || (idx + 1 < npkts && p->paylen != mtu)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
+		return false;
+	}
+	if (p->paylen) {
+		struct ursa_sg s = { (uintptr_t)p->payload, p->paylen };
+
+		ursa_xfer(dst, ndst, false, &s, 1, false, 0, off, p->paylen);
+	}
+	return true;
+}
+
+/* A READ response or an ATOMIC ACKNOWLEDGE for a READ or atomic of the
+ * pipe (see rc_pipe_class). */
+static void pipe_resp(struct ursa_qp *qp, struct ursa_rc *u,
+		      struct upipe *e, const struct roce_pkt *p)
+{
+	uint32_t idx = (p->psn - e->first) & 0xffffff;
+	bool atomic_ack = (p->opcode & 0x1f) == OP_ATOMIC_ACK;
+	uint64_t now;
+
+	if (e->done || idx != e->acked || atomic_ack != e->is_atomic ||
+	    (!e->is_read && !e->is_atomic)) {
+		if (e->is_read && !atomic_ack && !e->done && idx > e->acked &&
+		    !u->pipe_gap) {
+			u->pipe_gap = true;	/* ask again (rc_pipe_collapse) */
+			atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		}
+		atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+		return;
+	}
+	if (e->is_atomic)
+		e->orig = p->orig;
+	else if (!read_place(e->dst, e->ndst, e->len, e->npkts, e->mtu, idx, p))
+		return;
+	now = ursa_now_ns();
+	e->acked++;
+	u->pipe_out -= MIN(u->pipe_out, 1u);
+	rc_window_grow(qp, u, 1);
+	rtt_acked_psn(u, p->psn, now);
+	u->m.deadline = rc_after(now, rc_timeout_ns(qp));
+	u->m.rto = rc_after(now, rc_rto_ns(qp));
+	if (e->acked == e->npkts)
+		e->done = true;
+}
+
+/*
+ * Does an answer's PSN name a packet this requester sent and has not seen
+ * acknowledged: from the oldest message waiting (the pipe's, else the one
+ * in flight) up to the highest PSN ever sent? Any other is stale or forged
+ * (IBTA 9.7.5.2.x: a PSN outside the outstanding requests is not an
+ * answer to one), and a forged one must not change the QP: a NAK there
+ * would end a healthy QP in error, an RNR NAK stall it, an ACK complete
+ * messages never delivered.
+ */
+static bool psn_in_flight(const struct ursa_rc *u, uint32_t psn)
+{
+	uint32_t oldest = u->pipe_n ? PIPE(u, 0)->first : u->m.first;
+
+	return ((psn - oldest) & 0xffffff) < ((u->psn_hi - oldest) & 0xffffff);
+}
+
+/* An answer for a message of the pipe (or one that shows a pipe's READ
+ * or atomic lost its responses). Returns whether it was taken here. */
+static bool pipe_answer(struct ursa_qp *qp, struct ursa_rc *u,
+			const struct roce_pkt *p, uint32_t f, uint32_t idx)
+{
+	bool resp = (f & P_READ) || (p->opcode & 0x1f) == OP_ATOMIC_ACK;
+	int i;
+
+	if (!resp) {
+		bool nak = (p->syndrome & AETH_TYPE_MASK) != AETH_ACK;
+
+		/* (a NAK acknowledges the PSNs before its own) */
+		pipe_ack(qp, u, nak ? psn_add(p->psn, 0xffffff) : p->psn,
+			 ursa_now_ns());
+		i = rc_pipe_holds(u, p->psn);
+		if (i < 0)
+			return false;
+		if (nak && !PIPE(u, i)->done) {
+			u->pipe_nak = p->syndrome;
+			u->pipe_nak_psn = p->psn;
+		}
+		return true;
+	}
+	i = rc_pipe_holds(u, p->psn);
+	const struct upipe *prev = i > 0 ? PIPE(u, i - 1) :
+				   i < 0 && idx < u->m.npkts ?
+				   PIPE(u, u->pipe_n - 1) : NULL;
+
+	if (prev && !prev->done) {
+		/* a later READ's or atomic's responses while an
+		 * earlier one's are missing: those were lost (the
+		 * responder answers in PSN order) */
+		if (!u->pipe_gap) {
+			u->pipe_gap = true;
+			atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		}
+		atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+		return true;
+	}
+	if (i < 0)
+		return false;
+	pipe_resp(qp, u, PIPE(u, i), p);
+	return true;
+}
+
+/* Packets up to n of the message in flight are answered: the window
+ * grows, the timers restart, the retry count will (IBTA 9.7.6.1.3). */
+static void msg_acked(struct ursa_qp *qp, struct ursa_rc *u, uint32_t n)
+{
+	uint64_t now = ursa_now_ns();
+
+	rc_window_grow(qp, u, n - u->m.acked);
+	u->m.acked = n;
+	u->m.progress = true;
+	rtt_acked(u, u->m.acked, now);
+	u->m.deadline = rc_after(now, rc_timeout_ns(qp));
+	u->m.rto = rc_after(now, rc_rto_ns(qp));
+	if (u->m.acked == u->m.npkts)
+		u->m.done = true;
+}
+
+/* A READ response packet for the message in flight: placed if it is the
+ * next one; a gap asks again from the first missing packet. */
+static void read_answer(struct ursa_qp *qp, struct ursa_rc *u,
+			const struct roce_pkt *p, uint32_t idx)
+{
+	if (!u->m.is_read || idx != u->m.acked || idx >= u->m.npkts) {
+		/* A gap in the responses: ask again from the first
+		 * missing packet, once per gap (as rxe's completer
+		 * does), rather than wait for the ACK timeout. */
+		atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+		if (u->m.is_read && idx > u->m.acked && idx < u->m.npkts &&
+		    u->m.rerequested != u->m.acked + 1) {
+			u->m.rerequested = u->m.acked + 1;
+			u->m.resend_read = true;
+			u->timing = false;
+			atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		}
+		return;
+	}
+	if (read_place(u->m.dst, u->m.ndst, u->m.len, u->m.npkts,
+		       u->m.mtu, idx, p))
+		msg_acked(qp, u, idx + 1);
+}
+
+/* A response for our requester QP (RC): move the message forward. Called
+ * with u->lock held. */
+void rc_on_response(struct ursa_qp *qp, struct ursa_rc *u,
+		    const struct roce_pkt *p)
+{
+	uint32_t idx, n;
+	uint32_t f = roce_opcode_flags(p->opcode);
+	bool acks, past;
+
+	if (!u->m.active) {
+		atomic_fetch_add(&ursa_udp_cnt.dup, 1);
+		return;
+	}
+	/* Any answer, even a stale one, shows the responder is still
+	 * sending: hold the early retransmission back until the answers
+	 * stop. Otherwise a requester slower than its RTO at draining its
+	 * socket asks again and again, each request adds a window of
+	 * duplicates, and no answer to the newest request gets through
+	 * (congestion collapse). Only progress moves the ACK timeout. */
+	u->m.rto = rc_after(ursa_now_ns(), rc_rto_ns(qp));
+	if (!psn_in_flight(u, p->psn)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_stale, 1);
+		return;
+	}
+	idx = (p->psn - u->m.first) & 0xffffff;
+	if (u->pipe_n && pipe_answer(qp, u, p, f, idx))
+		return;
+	if (f & P_READ) {
+		read_answer(qp, u, p, idx);
+		return;
+	}
+	/* An answer past the message's last PSN (not before its first)
+	 * acknowledges all of it: after rc_pipe_collapse the responder may
+	 * already hold the messages that go out again behind this one, and
+	 * answers their copies from where it is. A NAK out there concerns
+	 * one of those, which will be sent again. */
+	acks = !u->m.is_read && !rc_is_atomic_op(u->m.op);
+	past = acks && idx >= u->m.npkts && idx < 0x800000;
+	if ((p->syndrome & AETH_TYPE_MASK) != AETH_ACK && !past) {
+		u->m.nak = p->syndrome;
+		u->m.nak_psn = p->psn;
+		return;
+	}
+	if ((p->opcode & 0x1f) == OP_ATOMIC_ACK) {
+		if (idx == 0 && u->m.npkts == 1 && !u->m.is_read) {
+			u->m.orig = p->orig;
+			u->m.done = true;
+			rtt_acked(u, 1, ursa_now_ns());
+		}
+		return;
+	}
+	/* cumulative ACK of SEND/WRITE packets */
+	n = past ? u->m.npkts : idx + 1;
+	if (acks && (idx < u->m.npkts || past) && n > u->m.acked)
+		msg_acked(qp, u, n);
+}
+
+/* The oldest message of the pipe, at its WQE's step: 1 done (resp: its
+ * answer), 0 still waiting (*until: for how long), -1 taken back after a
+ * NAK, a gap or a timer: it is the message in flight again. */
+int rc_comp_pipe_head(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now,
+		      struct ursa_resp *resp, uint64_t *until)
+{
+	(void)qp;
+	if (PIPE(u, 0)->done) {
+		resp->ack = URSA_ACK;
+		resp->atomic_orig = PIPE(u, 0)->orig;
+		rc_pipe_pop(u);
+		return 1;
+	}
+	if (!u->pipe_nak && !u->pipe_gap && now < u->m.deadline &&
+	    now < u->m.rto) {
+		*until = MIN(u->m.deadline, u->m.rto);
+		return 0;
+	}
+	rc_pipe_collapse(u);
+	return -1;
+}
+
+/* A NAK for the message in flight (IBTA 9.7.5.2): RNR, PSN sequence
+ * error (go back), or a fatal one. Returns 1 when it decides the WQE. */
+static int take_nak(struct ursa_qp *qp, struct ursa_rc *u, bool atomic,
+		    struct ursa_resp *resp)
+{
+	uint8_t syn = u->m.nak;
+	uint32_t idx = (u->m.nak_psn - u->m.first) & 0xffffff;
+
+	u->m.nak = 0;
+	atomic_fetch_add(&ursa_udp_cnt.naks_rcvd, 1);
+	atomic_fetch_add((syn & AETH_TYPE_MASK) == AETH_RNR ? &qp->cnt.rnr_rcvd :
+			 syn == AETH_NAK_PSN ? &qp->cnt.naks_seq :
+			 syn == AETH_NAK_ACCESS ? &qp->cnt.naks_access :
+			 syn == AETH_NAK_OP ? &qp->cnt.naks_op :
+					      &qp->cnt.naks_inv, 1);
+	if ((syn & AETH_TYPE_MASK) == AETH_RNR) {
+		/* resend from the refused packet after the timer (req.c
+		 * takes one of rnr_retry) */
+		u->timing = false;
+		if (idx < u->m.npkts && !u->m.is_read)
+			u->m.sent = u->m.acked = idx;
+		u->m.resend_read = u->m.is_read;
+		if (atomic)
+			u->m.sent = 0;
+		resp->ack = URSA_NAK_RNR;
+		resp->rnr_timer = syn & 0x1f;
+		resp->why = URSA_WHY_NO_RECV;
+		atomic_fetch_add(&ursa_udp_cnt.rnr_naks, 1);
+		return 1;
+	}
+	if (syn == AETH_NAK_PSN) {
+		/* go back to the PSN the responder expects. For a
+		 * READ that PSN tells which requests arrived, not which
+		 * responses did: ask again from the first missing
+		 * response (taken for received, the packets between
+		 * were never written: a 256 KiB READ came back with
+		 * 101 KiB of zeros under injected loss). */
+		u->timing = false;
+		if (u->m.is_read) {
+			u->m.sent = u->m.acked;
+		} else if (idx < u->m.npkts && idx >= u->m.acked) {
+			u->m.acked = idx;
+			u->m.sent = idx;
+		}
+		atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
+		return 0;
+	}
+	resp->ack = syn == AETH_NAK_ACCESS ? URSA_NAK_ACCESS :
+		    syn == AETH_NAK_OP ? URSA_NAK_OP_ERR :
+					 URSA_NAK_INV_REQ;
+	resp->why = URSA_WHY_OPCODE;
+	if (syn == AETH_NAK_ACCESS)
+		resp->why = URSA_WHY_ACCESS;
+	u->m.active = false;
+	return 1;
+}
+
+/*
+ * What the answers and the timers decided for the message in flight, at
+ * its WQE's step: done (ACKed, answered), a NAK, the local ACK timeout
+ * (IBTA 9.7.6.1.3: one of retry_cnt, none left is RETRY_EXC_ERR) or the
+ * RTO (go back, free of charge). Returns 1 when the WQE is decided (resp:
+ * how), 0 when the requester sends on.
+ */
+int rc_comp_decide(struct ursa_qp *qp, struct ursa_rc *u,
+		   struct ursa_send_wqe *w, uint64_t now,
+		   struct ursa_resp *resp)
+{
+	bool atomic = rc_is_atomic_op(u->m.op);
+
+	if (u->m.progress) {
+		/* IBTA 9.7.6.1.3: the retry count restarts with progress */
+		u->m.progress = false;
+		ursa_retry_progress(qp, w);
+	}
+	if (u->m.done) {
+		resp->ack = URSA_ACK;
+		resp->atomic_orig = u->m.orig;
+		u->m.active = false;
+		return 1;
+	}
+	if (u->m.nak && take_nak(qp, u, atomic, resp))
+		return 1;
+	if (now >= u->m.deadline) {
+		if (!ursa_retry_take(qp, w)) {
+			ursa_dbg("qp %u: retries exhausted at PSN %u (packet %u of %u, %u sent)",
+				 qp->ex.qp_base.qp_num,
+				 psn_add(u->m.first, u->m.acked), u->m.acked,
+				 u->m.npkts, u->m.sent);
+			resp->ack = URSA_DROPPED;
+			resp->why = URSA_WHY_NOT_READY;
+			resp->final = true;
+			u->m.active = false;
+			return 1;
+		}
+		rc_go_back(qp, u, atomic, now);
+		u->m.deadline = rc_after(now, rc_timeout_ns(qp));
+	} else if (now >= u->m.rto && qp->ex.qp_base.qp_type == IBV_QPT_RC) {
+		rc_go_back(qp, u, atomic, now);	/* early (see rc_rto_ns) */
+	}
+	return 0;
+}

@@ -1,0 +1,514 @@
+// SPDX-License-Identifier: MIT
+/*
+ * rc_req.c - the requester of the RoCEv2 engine (rc.h): the WQE at the head of
+ * the send queue becomes path-MTU packets with consecutive PSNs, sent in a
+ * window; WRITEs and SENDs, or READs and atomics, follow each other
+ * without waiting for their answers (pipelining, rc_qp.c). Each step
+ * first looks at what the completer decided and at the timers: ACK
+ * timeout (against retry_cnt), RNR timer (against rnr_retry), RTO.
+ */
+#include "rc.h"
+
+#include <stdlib.h>
+
+static uint8_t req_opcode(uint32_t op, bool first, bool last, bool imm_inv)
+{
+	uint8_t o;
+
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		if (first && last)
+			o = op == IBV_WR_RDMA_WRITE ? OP_WRITE_ONLY : OP_WRITE_ONLY_IMM;
+		else if (first)
+			o = OP_WRITE_FIRST;
+		else if (last)
+			o = op == IBV_WR_RDMA_WRITE ? OP_WRITE_LAST : OP_WRITE_LAST_IMM;
+		else
+			o = OP_WRITE_MIDDLE;
+		return o;
+	default: /* SEND family */
+		if (first && last)
+			o = op == IBV_WR_SEND_WITH_IMM ? OP_SEND_ONLY_IMM :
+			    op == IBV_WR_SEND_WITH_INV ? OP_SEND_ONLY_INV : OP_SEND_ONLY;
+		else if (first)
+			o = OP_SEND_FIRST;
+		else if (last)
+			o = op == IBV_WR_SEND_WITH_IMM ? OP_SEND_LAST_IMM :
+			    op == IBV_WR_SEND_WITH_INV ? OP_SEND_LAST_INV : OP_SEND_LAST;
+		else
+			o = OP_SEND_MIDDLE;
+		(void)imm_inv;
+		return o;
+	}
+}
+
+/* Whether packet k of the message asks for an ACK: the last, every
+ * URSA_UDP_ACKREQ_EVERY-th, and the one that fills the window (a window smaller
+ * than URSA_UDP_ACKREQ_EVERY after losses must still be acknowledged). Each ACK
+ * costs the responder a send, which on a veth path carries it through
+ * the whole stack: fewer ACKs, more bandwidth. */
+static bool ack_wanted(const struct ursa_qp *qp, const struct ursa_rc *u,
+		       uint32_t k, bool last)
+{
+	return qp->ex.qp_base.qp_type == IBV_QPT_RC &&
+	       (last ||
+		k % URSA_UDP_ACKREQ_EVERY == URSA_UDP_ACKREQ_EVERY - 1 ||
+		k + 1 == u->m.acked + u->cwnd);
+}
+
+/* Send packet k of the message. */
+static void send_data_pkt(struct ursa_qp *qp, struct ursa_rc *u,
+			  const struct ursa_req *r, const struct ursa_send_wqe *w,
+			  uint32_t k, const addr_t *src, const addr_t *dst)
+{
+	/* built where the batch will send it from: one copy, from the MR
+	 * (none: not sent, see struct txbatch in transport/udp.c) */
+	uint8_t *buf = ursa_udp_slot();
+	struct roce_pkt p = { 0 };
+	uint64_t off = (uint64_t)k * u->m.mtu;
+	uint32_t len = (uint32_t)MIN((uint64_t)u->m.mtu, r->msg_len - off);
+	bool first = k == 0, last = k + 1 == u->m.npkts;
+	bool ud = qp->ex.qp_base.qp_type == IBV_QPT_UD;
+	struct ursa_sg part[URSA_MAX_SGE];
+	uint8_t *pay, ttl;
+	int n;
+
+	if (!buf)
+		return;
+	if (r->msg_len == 0)
+		len = 0;
+	p.opcode = (uint8_t)(rc_transport_bits(qp) |
+			     req_opcode(r->opcode, first, last, false));
+	p.pkey = ROCE_DEFAULT_PKEY;
+	p.dqpn = ud ? w->remote_qpn : qp->attr.dest_qp_num;
+	p.psn = psn_add(u->m.first, k);
+	p.se = last && r->solicited;
+	p.ackreq = ack_wanted(qp, u, k, last);
+	if (!first && !last) {
+		/* a MIDDLE packet (RC, UC): the BTH, then a whole MTU of
+		 * payload (a multiple of 4: no pad); most of a stream */
+		roce_bth_put(buf, p.opcode, false, false, 0, p.pkey, p.dqpn,
+			     p.ackreq, p.psn);
+		pay = buf + ROCE_BTH_LEN;
+		n = (int)(ROCE_BTH_LEN + len + ROCE_ICRC_LEN);
+	} else {
+		p.va = r->remote_addr;
+		p.rkey = r->rkey;
+		p.dmalen = (uint32_t)r->msg_len;
+		p.imm = r->imm;
+		p.qkey = r->qkey;
+		p.sqpn = qp->ex.qp_base.qp_num;
+		/* the headers and the pad, then the payload and the ICRC
+		 * together */
+		pay = buf + roce_hdr_len(p.opcode);
+		n = roce_build(buf, URSA_UDP_MAX_PKT, &p, pay, len);
+		if (n <= 0)
+			return;
+	}
+	ttl = r->hop_limit ? r->hop_limit : 64;
+	/* (between families ursa_udp_send sends nothing) */
+	if (ursa_gid_v4(src) == ursa_gid_v4(dst)) {
+		uint32_t pfx = ursa_udp_icrc_pfx(&u->pfx, src, dst, u->ep.sport,
+					(size_t)n);
+		struct iovec v[URSA_MAX_SGE];
+		uint32_t np = len ? ursa_sg_slice(r->src, r->nsrc, off, len, part) : 0;
+
+		for (uint32_t i = 0; i < np; i++)
+			v[i] = (struct iovec){ (void *)(uintptr_t)part[i].va,
+					       part[i].len };
+		roce_icrc_put(buf + n - 4,
+			      roce_icrc_fill_from(pfx, buf, (size_t)n - 4,
+						  (size_t)(pay - buf), v, np));
+	}
+	rc_tx(u, src, dst, buf, (size_t)n, ttl, true);
+}
+
+/* Packets up to (not including) end have been sent: answers for them
+ * may come (psn_in_flight). */
+static inline void psn_sent(struct ursa_rc *u, uint32_t end)
+{
+	if (((end - u->psn_hi) & 0xffffff) - 1 < 0x7fffff)
+		u->psn_hi = end;
+}
+
+static void send_read_req(struct ursa_qp *qp, struct ursa_rc *u,
+			  const struct ursa_req *r, const addr_t *src,
+			  const addr_t *dst)
+{
+	uint8_t buf[64];
+	struct roce_pkt p = { 0 };
+	uint64_t off = (uint64_t)u->m.acked * u->m.mtu;
+	int n;
+
+	p.opcode = ROCE_RC | OP_READ_REQ;
+	p.pkey = ROCE_DEFAULT_PKEY;
+	p.dqpn = qp->attr.dest_qp_num;
+	/* a retried READ asks for what is still missing, at its PSN */
+	p.psn = psn_add(u->m.first, u->m.acked);
+	p.ackreq = true;
+	p.va = r->remote_addr + off;
+	p.rkey = r->rkey;
+	/* At most a window's worth per request: a long burst of responses
+	 * that loses one packet would otherwise be resent whole. The next
+	 * request continues at the next PSN, as a retried READ does. */
+	if (u->m.acked == u->m.sent) {	/* a new piece */
+		u->m.sent = MIN(u->m.npkts, u->m.acked + u->cwnd);
+		rc_rtt_start(u, u->m.acked, ursa_now_ns());
+	} else {
+		u->timing = false;	/* asked again */
+	}
+	/* A re-request stays inside its piece: a duplicate READ must be a
+	 * subset of the original (IBTA 9.7.5.1.3). */
+	p.dmalen = (uint32_t)MIN(r->msg_len - MIN(off, r->msg_len),
+				 (uint64_t)(u->m.sent - u->m.acked) * u->m.mtu);
+	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
+	if (n > 0)
+		rc_tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64,
+		      false);
+}
+
+static void send_atomic(struct ursa_qp *qp, struct ursa_rc *u,
+			const struct ursa_req *r, const addr_t *src,
+			const addr_t *dst)
+{
+	uint8_t buf[96];
+	struct roce_pkt p = { 0 };
+	int n;
+
+	p.opcode = (uint8_t)(ROCE_RC | (r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ?
+					OP_CMP_SWAP : OP_FETCH_ADD));
+	p.pkey = ROCE_DEFAULT_PKEY;
+	p.dqpn = qp->attr.dest_qp_num;
+	p.psn = u->m.first;
+	p.ackreq = true;
+	p.va = r->remote_addr;
+	p.rkey = r->rkey;
+	if (r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+		p.swap_add = r->swap;
+		p.compare = r->compare_add;
+	} else {
+		p.swap_add = r->compare_add;
+	}
+	psn_sent(u, psn_add(u->m.first, 1));
+	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
+	if (n > 0)
+		rc_tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64,
+		      false);
+}
+
+/* Packets of m that may go out now (the window counts the pipe's too). */
+static bool window_open(const struct ursa_rc *u)
+{
+	return !u->m.is_read && u->m.sent < u->m.npkts &&
+	       u->pipe_out + (u->m.sent - u->m.acked) < u->cwnd;
+}
+
+static bool can_start(struct ursa_qp *qp, const struct ursa_rc *u,
+		      const struct ursa_send_wqe *w)
+{
+	int c = rc_pipe_class(u->m.op);
+
+	return qp->ex.qp_base.qp_type == IBV_QPT_RC && u->m.active &&
+	       !u->m.done && !u->m.nak && !u->pipe_nak && !u->pipe_gap &&
+	       c && c == rc_pipe_class(w->opcode) && !u->m.resend_read &&
+	       (c != 2 || (u->pipe_n + 2 <= qp->attr.max_rd_atomic &&
+			   !u->pipe_cool)) &&
+	       u->m.sent == u->m.npkts && u->pipe_n < URSA_UDP_PIPE &&
+	       u->pipe_out + (u->m.npkts - u->m.acked) < u->cwnd &&
+	       u->m.mtu == rc_mtu_of(qp);
+}
+
+bool ursa_rc_can_start(struct ursa_qp *qp, const struct ursa_send_wqe *w)
+{
+	struct ursa_rc *u = qp->rc;
+	bool ok;
+
+	if (!u)
+		return false;
+	pthread_mutex_lock(&u->lock);
+	ok = can_start(qp, u, w);
+	pthread_mutex_unlock(&u->lock);
+	return ok;
+}
+
+uint32_t ursa_rc_piped(struct ursa_qp *qp)
+{
+	struct ursa_rc *u = qp->rc;
+
+	return u ? __atomic_load_n(&u->pipe_n, __ATOMIC_RELAXED) : 0;
+}
+
+int ursa_rc_inflight(struct ursa_qp *qp, const struct ursa_send_wqe *w)
+{
+	struct ursa_rc *u = qp->rc;
+	int in = 0;
+
+	if (!u)
+		return 0;
+	pthread_mutex_lock(&u->lock);
+	if (u->m.active && u->m.wqe == w)
+		in = 2;
+	else if (w->piped)
+		in = 1;
+	pthread_mutex_unlock(&u->lock);
+	return in;
+}
+
+bool ursa_rc_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
+{
+	struct ursa_rc *u = qp->rc;
+
+	if (u && u->pipe_n && PIPE(u, 0)->wqe == w)
+		return PIPE(u, 0)->done || u->pipe_nak || u->pipe_gap ||
+		       now >= u->m.deadline ||
+		       now >= u->m.rto || (!u->m.nak && window_open(u));
+	if (!u || !u->m.active || u->m.wqe != w)
+		return true;
+	return u->m.done || u->m.nak || now >= u->m.deadline ||
+	       now >= u->m.rto ||
+	       (u->m.is_read && u->m.acked == u->m.sent &&
+		u->m.acked < u->m.npkts) ||
+	       u->m.resend_read || window_open(u);
+}
+
+/*
+ * A MIDDLE packet (RC, UC) by the short way, most of a stream: what the
+ * message's MIDDLE packets share is worked out at the first (u->m.mid_*:
+ * opcode, socket, destination, and the ICRC's register up to the BTH's
+ * AckReq byte, since only that byte and the PSN differ), and each packet
+ * then costs its BTH, four bytes of CRC, the payload's copy with its CRC
+ * and its place in the batch. Not taken while faults are injected or a
+ * capture is written (ursa_udp_send does those), nor where the SGEs do not fill
+ * the packet. Returns whether the packet was sent (or, with no batch,
+ * lost as send_data_pkt would lose it); false: send it the long way.
+ */
+static bool send_mid(struct ursa_qp *qp, struct ursa_rc *u,
+		     const struct ursa_req *r, uint32_t k, const addr_t *src,
+		     const addr_t *dst)
+{
+	uint32_t mtu = u->m.mtu, np, got = 0;
+	size_t n = ROCE_BTH_LEN + mtu + ROCE_ICRC_LEN;
+	struct ursa_sg part[URSA_MAX_SGE];
+	uint8_t *buf, *at;
+	uint32_t reg;
+
+	if (!ursa_udp_plain())
+		return false;
+	np = ursa_sg_slice(r->src, r->nsrc, (uint64_t)k * mtu, mtu, part);
+	for (uint32_t i = 0; i < np; i++)
+		got += (uint32_t)part[i].len;
+	if (got != mtu)
+		return false;
+	if (!u->m.mid_ok) {
+		uint8_t bth[ROCE_BTH_LEN];
+		uint32_t dqpn = qp->attr.dest_qp_num;
+
+		if (ursa_udp_dest_set(&u->ep, src, dst, &u->m.mid_to))
+			return false;
+		u->m.mid_op = (uint8_t)(rc_transport_bits(qp) |
+					req_opcode(r->opcode, false, false, false));
+		roce_bth_put(bth, u->m.mid_op, false, false, 0,
+			     ROCE_DEFAULT_PKEY, dqpn, false, 0);
+		bth[4] = 0xff;	/* masked in the ICRC: FECN, BECN, reserved */
+		u->m.mid_reg = roce_crc32_raw(ursa_udp_icrc_pfx(&u->pfx, src,
+								dst,
+								u->ep.sport,
+								n),
+					      bth, 8);
+		u->m.mid_ok = true;
+	}
+	buf = ursa_udp_slot();
+	if (buf) {
+		roce_bth_put(buf, u->m.mid_op, false, false, 0,
+			     ROCE_DEFAULT_PKEY, qp->attr.dest_qp_num,
+			     ack_wanted(qp, u, k, false), psn_add(u->m.first, k));
+		reg = roce_crc32_4(u->m.mid_reg, buf + 8);
+		at = buf + ROCE_BTH_LEN;
+		for (uint32_t i = 0; i < np; i++) {
+			reg = roce_crc32_copy(reg, at,
+					      (const void *)(uintptr_t)part[i].va,
+					      part[i].len);
+			at += part[i].len;
+		}
+		roce_icrc_put(at, ~reg);
+		ursa_udp_send_to(&u->m.mid_to, buf, n);
+		ursa_cnt_add(&qp->cnt.pkts_tx, 1);	/* (under u->lock) */
+	}
+	return true;
+}
+
+static void send_more(struct ursa_qp *qp, struct ursa_rc *u,
+		      const struct ursa_req *r, struct ursa_send_wqe *w,
+		      const addr_t *src, const addr_t *dst, uint64_t now)
+{
+	while (window_open(u)) {
+		uint32_t k = u->m.sent;
+
+		if (k >= u->m.hiwat) {
+			rc_rtt_start(u, k, now);
+			u->m.hiwat = k + 1;
+		}
+		if (k == 0 || k + 1 >= u->m.npkts || u->m.is_read ||
+		    !send_mid(qp, u, r, k, src, dst))
+			send_data_pkt(qp, u, r, w, k, src, dst);
+		u->m.sent++;
+		psn_sent(u, psn_add(u->m.first, u->m.sent));
+	}
+}
+
+/* m goes into the pipe, sent whole, to wait there for its answer; the
+ * next WQE may start (can_start said so). */
+static void pipe_push(struct ursa_rc *u)
+{
+	struct upipe *e = PIPE(u, u->pipe_n++);
+
+	u->m.wqe->piped = true;
+	*e = (struct upipe){
+		.wqe = u->m.wqe, .op = u->m.op, .first = u->m.first,
+		.npkts = u->m.npkts, .mtu = u->m.mtu,
+		.acked = u->m.acked, .len = u->m.len,
+		.is_read = u->m.is_read, .ndst = u->m.ndst,
+		.is_atomic = rc_is_atomic_op(u->m.op),
+	};
+	memcpy(e->dst, u->m.dst, u->m.ndst * sizeof(e->dst[0]));
+	u->pipe_out += u->m.npkts - u->m.acked;
+	u->m.active = false;
+}
+
+/* w becomes the message in flight: its PSNs, its timers; a READ or an
+ * atomic asks at once (WRITEs and SENDs go out in send_more). */
+static void msg_start(struct ursa_qp *qp, struct ursa_rc *u,
+		      struct ursa_send_wqe *w, const struct ursa_req *r,
+		      const addr_t *src, const addr_t *dst, uint64_t now)
+{
+	bool atomic = rc_is_atomic_op(r->opcode);
+
+	memset(&u->m, 0, sizeof(u->m));
+	u->m.active = true;
+	u->m.wqe = w;
+	u->m.op = r->opcode;
+	u->m.mtu = rc_mtu_of(qp);
+	u->m.len = r->msg_len;
+	u->m.is_read = r->opcode == IBV_WR_RDMA_READ;
+	u->m.npkts = atomic ? 1 :
+		     (uint32_t)MAX(1, (r->msg_len + u->m.mtu - 1) / u->m.mtu);
+	u->m.first = u->next_psn;
+	u->next_psn = psn_add(u->next_psn, u->m.npkts);
+	/* A READ's responses may come for all its PSNs as soon as it
+	 * is asked for (a re-request asks for the rest); a SEND's or
+	 * WRITE's answers only for packets sent (send_more). */
+	if (u->m.is_read)
+		psn_sent(u, u->next_psn);
+	if (u->m.is_read) {
+		u->m.ndst = MIN(r->ndst, (uint32_t)URSA_MAX_SGE);
+		memcpy(u->m.dst, r->dst, u->m.ndst * sizeof(*r->dst));
+	}
+	u->m.deadline = rc_after(now, rc_timeout_ns(qp));
+	u->m.rto = rc_after(now, rc_rto_ns(qp));
+	if (u->m.is_read) {
+		send_read_req(qp, u, r, src, dst);
+	} else if (atomic) {
+		rc_rtt_start(u, 0, now);
+		send_atomic(qp, u, r, src, dst);
+		u->m.sent = u->m.npkts;
+	}
+}
+
+/* What the step sends once the completer has decided nothing: the next
+ * READ piece or a READ/atomic asked again, and the window's packets.
+ * Returns 1 when an unacknowledged (UC, UD) message is complete. */
+static int msg_send(struct ursa_qp *qp, struct ursa_rc *u,
+		    struct ursa_send_wqe *w, const struct ursa_req *r,
+		    const addr_t *src, const addr_t *dst, uint64_t now,
+		    struct ursa_resp *resp)
+{
+	bool atomic = rc_is_atomic_op(r->opcode);
+
+	if (u->m.is_read && !u->m.resend_read && u->m.acked == u->m.sent &&
+	    u->m.acked < u->m.npkts)
+		u->m.resend_read = true;	/* the next piece */
+	if (u->m.resend_read) {
+		u->m.resend_read = false;
+		send_read_req(qp, u, r, src, dst);
+	} else if (atomic && u->m.sent == 0) {
+		send_atomic(qp, u, r, src, dst);
+		u->m.sent = 1;
+	}
+	if (!atomic)
+		send_more(qp, u, r, w, src, dst, now);
+	if (qp->ex.qp_base.qp_type != IBV_QPT_RC && u->m.sent >= u->m.npkts) {
+		/* UC and UD: sent is done (nobody acknowledges) */
+		resp->ack = URSA_ACK;
+		u->m.active = false;
+		return 1;
+	}
+	return 0;
+}
+
+/* ursa_rc_step under the QP's lock. */
+static int step(struct ursa_qp *qp, struct ursa_rc *u, struct ursa_send_wqe *w,
+		const struct ursa_req *r, uint64_t now, struct ursa_resp *resp,
+		uint64_t *until)
+{
+	const addr_t *src = &r->sgid, *dst = &r->dgid;
+	int ret;
+
+	if (u->pipe_n && PIPE(u, 0)->wqe == w) {
+		/* the oldest message in flight: done, waiting, or taken
+		 * back (then on as the message in flight) */
+		ret = rc_comp_pipe_head(qp, u, now, resp, until);
+		if (ret >= 0)
+			return ret;
+	} else if (u->m.active && (u->m.wqe != w || u->pipe_n)) {
+		if (u->m.wqe == w || w->piped || !can_start(qp, u, w)) {
+			/* behind older messages: more packets of m at most
+			 * (their NAK or timeout is the oldest one's step) */
+			if (u->m.wqe == w && !u->m.nak)
+				send_more(qp, u, r, w, src, dst, now);
+			*until = MIN(u->m.deadline, u->m.rto);
+			return 0;
+		}
+		pipe_push(u);
+	}
+	if (!u->m.active)
+		msg_start(qp, u, w, r, src, dst, now);
+	ret = rc_comp_decide(qp, u, w, now, resp);
+	if (!ret)
+		ret = msg_send(qp, u, w, r, src, dst, now, resp);
+	if (!ret)
+		*until = MIN(u->m.deadline, u->m.rto);
+	return ret;
+}
+
+int ursa_rc_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		 const struct ursa_req *r, uint64_t now,
+		 struct ursa_resp *resp, uint64_t *until)
+{
+	struct ursa_rc *u = qp->rc;
+	unsigned long batch0;
+	int ret;
+
+	memset(resp, 0, sizeof(*resp));
+	if (!u || !ursa_udp_reachable(&u->ep, &r->sgid, &r->dgid)) {
+		/* no way out: an unanswered request */
+		resp->ack = URSA_DROPPED;
+		resp->why = URSA_WHY_UNREACHABLE;
+		resp->final = true;
+		return 1;
+	}
+	pthread_mutex_lock(&u->lock);
+	batch0 = ursa_udp_added();
+	*until = UINT64_MAX;
+	ret = step(qp, u, w, r, now, resp, until);
+	if (u->ack_owed && ursa_udp_added() != batch0)
+		rc_ack_emit(u, true);	/* after what we sent (rc_tx) */
+	w->inflight = ret == 0;
+	/* The engine and ursa_req_pending read the wait's end here: left
+	 * stale (0), every pass took it for an expired timer, the engine
+	 * never slept and posters rang its doorbell at every poll. */
+	w->deadline_ns = *until;
+	pthread_mutex_unlock(&u->lock);
+	ursa_udp_flush_soon();
+	return ret;
+}
