@@ -412,11 +412,167 @@ static void put_local(const struct ursa_send_wqe *w, struct ursa_mem_ref *refs)
 		ursa_mem_put(&refs[i]);
 }
 
+/* The length checks a WQE must pass before it leaves (LOC_LEN_ERR):
+ * message size, UD's one MTU, an atomic's 8 bytes. */
+static bool local_ok(const struct ursa_qp *qp, const struct ursa_send_wqe *w,
+		     uint64_t len, struct attempt *a)
+{
+	bool ud = qp->ex.qp_base.qp_type == IBV_QPT_UD;
+	bool at = w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+
+	if (len > URSA_MAX_MSG_SZ) {
+		a->st = IBV_WC_LOC_LEN_ERR;
+		a->why = URSA_WHY_MSG_LEN;
+		return false;
+	}
+	if (ud && len > (uint64_t)ursa_mtu_bytes(ursa_device_get()->active_mtu)) {
+		a->st = IBV_WC_LOC_LEN_ERR;
+		a->why = URSA_WHY_UD_MTU;
+		return false;
+	}
+	if (at && w->num_sge && len != 8) {
+		a->st = IBV_WC_LOC_LEN_ERR;
+		a->why = URSA_WHY_ATOMIC_LEN;
+		return false;
+	}
+	return true;
+}
+
+/* The transport-neutral request of WQE w, its local SGEs translated
+ * (sg, nsg), addressed by av. */
+static void build_req(const struct ursa_qp *qp, const struct ursa_send_wqe *w,
+		      const struct ibv_ah_attr *av, const struct ursa_sg *sg,
+		      uint32_t nsg, uint64_t len, struct ursa_req *r)
+{
+	struct ursa_device *dev = ursa_device_get();
+	bool rd = w->opcode == IBV_WR_RDMA_READ;
+	bool at = w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+
+	r->opcode = w->opcode;
+	r->frag = URSA_FRAG_ONLY;
+	r->msg_len = at ? 8 : len;
+	r->type = qp->ex.qp_base.qp_type;
+	r->src_qpn = qp->ex.qp_base.qp_num;
+	r->remote_addr = w->remote_addr;
+	r->rkey = w->rkey;
+	r->len = at ? 8 : len;
+	r->compare_add = w->compare_add;
+	r->swap = w->swap;
+	r->imm = w->imm;
+	r->has_imm = w->opcode == IBV_WR_SEND_WITH_IMM ||
+		     w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	r->invalidate = w->opcode == IBV_WR_SEND_WITH_INV;
+	r->solicited = w->flags & IBV_SEND_SOLICITED;
+	if (rd) {
+		r->dst = sg;
+		r->ndst = nsg;
+	} else if (!at) {
+		r->src = sg;
+		r->nsrc = nsg;
+	}
+	if (av->grh.sgid_index < dev->ngids)
+		r->sgid = dev->gids[av->grh.sgid_index].gid;
+	r->dgid = av->grh.dgid;
+	r->traffic_class = av->grh.traffic_class;
+	r->hop_limit = av->grh.hop_limit;
+	r->flow_label = av->grh.flow_label;
+	if (r->type == IBV_QPT_UD) {
+		/* IBTA 10.2.5: a WR Q_Key with the high bit set means "use
+		 * the QP's own Q_Key". */
+		r->qkey = (w->remote_qkey & 0x80000000u) ? qp->attr.qkey :
+							    w->remote_qkey;
+	}
+}
+
+/* An atomic's original value into the local SGE (host byte order, as the
+ * verbs API defines it). */
+static void atomic_result(struct ursa_qp *qp, const struct ursa_send_wqe *w,
+			  uint64_t orig, struct attempt *a)
+{
+	struct ursa_mem_ref ref;
+
+	if (!ursa_mem_local_cached(qp, &qp->lcache, &w->sge[0],
+				   IBV_ACCESS_LOCAL_WRITE, &ref)) {
+		memcpy((void *)ref.va, &orig, 8);
+		ursa_mem_put(&ref);
+	} else {
+		a->st = IBV_WC_LOC_PROT_ERR;
+		a->why = URSA_WHY_KEY;
+	}
+}
+
+/* The responder's answer, whichever transport carried it, as the WQE's
+ * completion or its retry (IBTA 9.7.5.2.8 RNR, 9.7.6.1.3 ACK timeout):
+ * the table of docs/design.md "Requester and responder". */
+static void answer(struct ursa_qp *qp, struct ursa_send_wqe *w,
+		   const struct ursa_req *r, const struct ursa_resp *resp,
+		   uint32_t nsg, uint64_t len, uint64_t *now,
+		   struct attempt *a)
+{
+	bool rd = w->opcode == IBV_WR_RDMA_READ;
+	bool at = w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+
+	switch (resp->ack) {
+	case URSA_ACK:
+		a->st = IBV_WC_SUCCESS;
+		if (at && nsg)
+			atomic_result(qp, w, resp->atomic_orig, a);
+		if (!rd && !at)
+			atomic_fetch_add(&qp->cnt.tx_bytes, len);
+		if (w->opcode == IBV_WR_SEND || r->has_imm || r->invalidate)
+			atomic_fetch_add(&qp->cnt.sends, 1);
+		return;
+	case URSA_NAK_RNR:
+		if (!ursa_rnr_retry_take(qp, w)) {
+			a->st = IBV_WC_RNR_RETRY_EXC_ERR;
+			a->why = URSA_WHY_REMOTE | resp->why;
+			return;
+		}
+		a->done = 0;
+		a->retry_at = ursa_need_now(now) + ursa_rnr_timer_ns(resp->rnr_timer);
+		return;
+	case URSA_NAK_INV_REQ:
+		a->st = IBV_WC_REM_INV_REQ_ERR;
+		a->why = URSA_WHY_REMOTE | resp->why;
+		break;
+	case URSA_NAK_ACCESS:
+		a->st = IBV_WC_REM_ACCESS_ERR;
+		a->why = URSA_WHY_REMOTE | resp->why;
+		break;
+	case URSA_NAK_OP_ERR:
+		a->st = IBV_WC_REM_OP_ERR;
+		a->why = URSA_WHY_REMOTE | resp->why;
+		break;
+	case URSA_DROPPED:
+		if (qp->ex.qp_base.qp_type != IBV_QPT_RC) {
+			/* UC and UD: the requester never learns. */
+			a->st = IBV_WC_SUCCESS;
+			return;
+		}
+		if (resp->final || !ursa_retry_take(qp, w)) {
+			a->st = IBV_WC_RETRY_EXC_ERR;
+			a->why = URSA_WHY_REMOTE | resp->why;
+			break;
+		}
+		a->done = 0;
+		a->retry_at = ursa_ack_timeout_ns(qp->attr.timeout);
+		a->retry_at = a->retry_at == UINT64_MAX ? UINT64_MAX :
+							  ursa_need_now(now) + a->retry_at;
+		return;
+	}
+	ursa_dbg("qp %u wr_id %llu: %s (%s)", qp->ex.qp_base.qp_num,
+		 (unsigned long long)w->wr_id, ibv_wc_status_str(a->st),
+		 ursa_why_str(a->why));
+}
+
+/* WQE w to a QP elsewhere (or in this process, through the same rules):
+ * checked, translated, routed to a transport, and its answer taken. */
 static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		      uint64_t *now, struct attempt *a)
 {
-	struct ursa_device *dev = ursa_device_get();
-	bool rc = qp->ex.qp_base.qp_type == IBV_QPT_RC;
 	bool ud = qp->ex.qp_base.qp_type == IBV_QPT_UD;
 	bool rd = w->opcode == IBV_WR_RDMA_READ;
 	bool at = w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
@@ -429,26 +585,12 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	enum ursa_route route;
 	struct ursa_qp *t;
 	uint32_t nsg = 0;
-	uint64_t len = wqe_len(w);
-	uint64_t orig_le;
+	uint64_t len = wqe_len(w), until = UINT64_MAX;
 	int e;
 
 	a->done = 1;
-	if (len > URSA_MAX_MSG_SZ) {
-		a->st = IBV_WC_LOC_LEN_ERR;
-		a->why = URSA_WHY_MSG_LEN;
+	if (!local_ok(qp, w, len, a))
 		return;
-	}
-	if (ud && len > (uint64_t)ursa_mtu_bytes(dev->active_mtu)) {
-		a->st = IBV_WC_LOC_LEN_ERR;
-		a->why = URSA_WHY_UD_MTU;
-		return;
-	}
-	if (at && w->num_sge && len != 8) {
-		a->st = IBV_WC_LOC_LEN_ERR;
-		a->why = URSA_WHY_ATOMIC_LEN;
-		return;
-	}
 	e = map_local(qp, w, (rd || at) ? IBV_ACCESS_LOCAL_WRITE : 0, sg, refs,
 		      &nsg);
 	if (e) {
@@ -456,40 +598,7 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		a->why = (uint32_t)-e;
 		return;
 	}
-	r.opcode = w->opcode;
-	r.frag = URSA_FRAG_ONLY;
-	r.msg_len = at ? 8 : len;
-	r.type = qp->ex.qp_base.qp_type;
-	r.src_qpn = qp->ex.qp_base.qp_num;
-	r.remote_addr = w->remote_addr;
-	r.rkey = w->rkey;
-	r.len = at ? 8 : len;
-	r.compare_add = w->compare_add;
-	r.swap = w->swap;
-	r.imm = w->imm;
-	r.has_imm = w->opcode == IBV_WR_SEND_WITH_IMM ||
-		    w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-	r.invalidate = w->opcode == IBV_WR_SEND_WITH_INV;
-	r.solicited = w->flags & IBV_SEND_SOLICITED;
-	if (rd) {
-		r.dst = sg;
-		r.ndst = nsg;
-	} else if (!at) {
-		r.src = sg;
-		r.nsrc = nsg;
-	}
-	if (av->grh.sgid_index < dev->ngids)
-		r.sgid = dev->gids[av->grh.sgid_index].gid;
-	r.dgid = av->grh.dgid;
-	r.traffic_class = av->grh.traffic_class;
-	r.hop_limit = av->grh.hop_limit;
-	r.flow_label = av->grh.flow_label;
-	if (ud) {
-		/* IBTA 10.2.5: a WR Q_Key with the high bit set means "use
-		 * the QP's own Q_Key". */
-		r.qkey = (w->remote_qkey & 0x80000000u) ? qp->attr.qkey :
-							   w->remote_qkey;
-	}
+	build_req(qp, w, av, sg, nsg, len, &r);
 	route = ursa_loop_route(qp, &av->grh.dgid,
 				ud ? w->remote_qpn : qp->attr.dest_qp_num, !ud, &t);
 	if (route == URSA_ROUTE_LOOP) {
@@ -500,93 +609,23 @@ static void remote_op(struct ursa_qp *qp, struct ursa_send_wqe *w,
 			atomic_fetch_add(&qp->cnt.loop_bytes, len);
 	} else if (route == URSA_ROUTE_SHM) {
 		/* Another process on this host. */
-		uint64_t until = UINT64_MAX;
-
 		if (!ursa_shm_direct(qp, w, &r, &resp) &&
-		    !ursa_shm_step(qp, w, &r, ursa_need_now(now), &resp, &until)) {
-			put_local(w, refs);
-			a->done = 0;
-			a->retry_at = until;
-			return;
-		}
+		    !ursa_shm_step(qp, w, &r, ursa_need_now(now), &resp, &until))
+			goto wait;
 	} else {
 		/* Another host: RoCEv2 over UDP. */
-		uint64_t until = UINT64_MAX;
-
 		w->via_udp = true;
-		if (!ursa_rc_step(qp, w, &r, ursa_need_now(now), &resp, &until)) {
-			put_local(w, refs);
-			a->done = 0;
-			a->retry_at = until;
-			return;
-		}
+		if (!ursa_rc_step(qp, w, &r, ursa_need_now(now), &resp, &until))
+			goto wait;
 	}
 	put_local(w, refs);
-
-	switch (resp.ack) {
-	case URSA_ACK:
-		a->st = IBV_WC_SUCCESS;
-		if (at && nsg) {
-			/* The original value lands in the local SGE (host
-			 * byte order, as the verbs API defines it). */
-			struct ursa_mem_ref ref;
-
-			orig_le = resp.atomic_orig;
-			if (!ursa_mem_local_cached(qp, &qp->lcache, &w->sge[0],
-						   IBV_ACCESS_LOCAL_WRITE, &ref)) {
-				memcpy((void *)ref.va, &orig_le, 8);
-				ursa_mem_put(&ref);
-			} else {
-				a->st = IBV_WC_LOC_PROT_ERR;
-				a->why = URSA_WHY_KEY;
-			}
-		}
-		if (!rd && !at)
-			atomic_fetch_add(&qp->cnt.tx_bytes, len);
-		if (w->opcode == IBV_WR_SEND || r.has_imm || r.invalidate)
-			atomic_fetch_add(&qp->cnt.sends, 1);
-		return;
-	case URSA_NAK_RNR:
-		if (!ursa_rnr_retry_take(qp, w)) {
-			a->st = IBV_WC_RNR_RETRY_EXC_ERR;
-			a->why = URSA_WHY_REMOTE | resp.why;
-			return;
-		}
-		a->done = 0;
-		a->retry_at = ursa_need_now(now) + ursa_rnr_timer_ns(resp.rnr_timer);
-		return;
-	case URSA_NAK_INV_REQ:
-		a->st = IBV_WC_REM_INV_REQ_ERR;
-		a->why = URSA_WHY_REMOTE | resp.why;
-		break;
-	case URSA_NAK_ACCESS:
-		a->st = IBV_WC_REM_ACCESS_ERR;
-		a->why = URSA_WHY_REMOTE | resp.why;
-		break;
-	case URSA_NAK_OP_ERR:
-		a->st = IBV_WC_REM_OP_ERR;
-		a->why = URSA_WHY_REMOTE | resp.why;
-		break;
-	case URSA_DROPPED:
-		if (!rc) {
-			/* UC and UD: the requester never learns. */
-			a->st = IBV_WC_SUCCESS;
-			return;
-		}
-		if (resp.final || !ursa_retry_take(qp, w)) {
-			a->st = IBV_WC_RETRY_EXC_ERR;
-			a->why = URSA_WHY_REMOTE | resp.why;
-			break;
-		}
-		a->done = 0;
-		a->retry_at = ursa_ack_timeout_ns(qp->attr.timeout);
-		a->retry_at = a->retry_at == UINT64_MAX ? UINT64_MAX :
-							  ursa_need_now(now) + a->retry_at;
-		return;
-	}
-	ursa_dbg("qp %u wr_id %llu: %s (%s)", qp->ex.qp_base.qp_num,
-		 (unsigned long long)w->wr_id, ibv_wc_status_str(a->st),
-		 ursa_why_str(a->why));
+	answer(qp, w, &r, &resp, nsg, len, now, a);
+	return;
+wait:
+	/* in flight: the transport's next step decides */
+	put_local(w, refs);
+	a->done = 0;
+	a->retry_at = until;
 }
 
 /*

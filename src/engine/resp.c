@@ -191,19 +191,182 @@ void ursa_rstate_drop(struct ursa_rstate *rs)
  * fragment looks its SGEs up again (as rxe does) and lets go before it
  * returns, so that a sender that vanishes mid-message cannot hold an MR
  * that ibv_dereg_mr then waits for (qperf's server hung so). */
+/* The receive WQE completes in error; an RC QP goes to ERR with the
+ * affiliated event, UC/UD drop the message. wc: its wr_id and status. */
+static void recv_fail(struct ursa_qp *tqp, const struct ursa_req *r,
+		      const struct ursa_resp *resp, struct ibv_wc *wc)
+{
+	atomic_fetch_add(&tqp->cnt.errors, 1);
+	wc->vendor_err = resp->why;
+	wc->qp_num = tqp->ex.qp_base.qp_num;
+	wc->src_qp = r->src_qpn;
+	wc->opcode = IBV_WC_RECV;
+	recv_complete(tqp, tqp->rcq, wc, true);
+	if (tqp->ex.qp_base.qp_type == IBV_QPT_RC)
+		resp_fatal(tqp, wc->status == IBV_WC_LOC_LEN_ERR ||
+				wc->status == IBV_WC_REM_INV_REQ_ERR ?
+				IBV_EVENT_QP_REQ_ERR : IBV_EVENT_QP_ACCESS_ERR);
+}
+
+/* A message's first fragment takes a receive WQE, maps its SGEs (need
+ * bytes must fit) and, on UD, writes the GRH. Returns 0 (st active), 1
+ * when answered without a completion (RNR NAK, dropped), -1 when the WQE
+ * fails (wc set for recv_fail). */
+static int recv_start(struct ursa_qp *tqp, const struct ursa_req *r,
+		      struct ursa_resp *resp, bool write_imm,
+		      struct ursa_rstate *st, uint64_t need, struct ibv_wc *wc)
+{
+	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
+	bool last = r->frag & URSA_FRAG_LAST;
+	pthread_mutex_t *lk = recv_lock(tqp);
+	int64_t room;
+
+	ursa_rstate_drop(st);
+	pthread_mutex_lock(lk);
+	if (!take_recv(tqp, &st->w)) {
+		pthread_mutex_unlock(lk);
+		atomic_fetch_add(&tqp->cnt.rnr_naks, rc);
+		resp->ack = rc ? URSA_NAK_RNR : URSA_DROPPED;
+		resp->rnr_timer = tqp->attr.min_rnr_timer;
+		resp->why = URSA_WHY_NO_RECV;
+		return 1;
+	}
+	pthread_mutex_unlock(lk);
+	st->nsg = 0;
+	/* (put_refs reads the WQE's num_sge entries, no more) */
+	for (uint32_t i = 0; i < st->w.num_sge; i++)
+		st->refs[i].k = NULL;
+	room = write_imm ? 0 : map_recv(tqp, &st->w, st->sg, st->refs,
+					&st->nsg, last);
+	wc->wr_id = st->w.wr_id;
+	if (room < 0) {
+		wc->status = IBV_WC_LOC_PROT_ERR;
+		resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
+		resp->why = (uint32_t)-room;
+		return -1;
+	}
+	if ((uint64_t)room < need) {
+		put_refs(st->refs, st->w.num_sge);
+		wc->status = IBV_WC_LOC_LEN_ERR;
+		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+		resp->why = URSA_WHY_RECV_SHORT;
+		return -1;
+	}
+	st->room = (uint64_t)room;
+	st->active = true;
+	if (tqp->ex.qp_base.qp_type == IBV_QPT_UD) {
+		uint8_t g[URSA_GRH_LEN];
+		struct ursa_sg gs = { (uintptr_t)g, URSA_GRH_LEN };
+
+		build_grh(g, r);
+		if (ursa_xfer(st->sg, st->nsg, false, &gs, 1, false, 0,
+			      0, URSA_GRH_LEN)) {
+			put_refs(st->refs, st->w.num_sge);
+			st->active = false;
+			wc->status = IBV_WC_LOC_ACCESS_ERR;
+			resp->ack = URSA_DROPPED;
+			resp->why = URSA_WHY_UNMAPPED;
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* A fragment's payload into the receive WQE's buffers, at its offset
+ * behind the GRH (grh bytes). Returns 0, or -1 when the WQE fails (wc set
+ * for recv_fail). */
+static int recv_place(struct ursa_qp *tqp, const struct ursa_req *r,
+		      struct ursa_resp *resp, struct ursa_rstate *st,
+		      uint64_t grh, struct ibv_wc *wc)
+{
+	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
+	int e;
+
+	/* msg_len 0 on a fragment: the total is not known up front
+	 * (RoCE SENDs do not carry it); the buffer bounds it. */
+	if ((r->msg_len && r->offset + r->len > r->msg_len) ||
+	    grh + r->offset + r->len > st->room) {
+		wc->wr_id = st->w.wr_id;
+		put_refs(st->refs, st->w.num_sge);
+		st->active = false;
+		wc->status = IBV_WC_LOC_LEN_ERR;
+		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+		resp->why = URSA_WHY_RECV_SHORT;
+		return -1;
+	}
+	e = ursa_xfer(st->sg, st->nsg, false, r->src, r->nsrc,
+		      r->src_remote, r->peer, grh + r->offset, r->len);
+	if (e) {
+		wc->wr_id = st->w.wr_id;
+		put_refs(st->refs, st->w.num_sge);
+		st->active = false;
+		wc->status = IBV_WC_LOC_ACCESS_ERR;
+		resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
+		resp->why = e == -EFAULT ? URSA_WHY_UNMAPPED :
+					   URSA_WHY_PEER_MEM;
+		return -1;
+	}
+	return 0;
+}
+
+/* The message's last fragment is in: the receive completion (a SEND
+ * with invalidate first invalidates). Returns 0, or -1 when the WQE
+ * fails (wc set for recv_fail). */
+static int recv_done(struct ursa_qp *tqp, const struct ursa_req *r,
+		     struct ursa_resp *resp, bool write_imm,
+		     struct ursa_rstate *st, uint64_t need, uint64_t grh,
+		     struct ibv_wc *wc)
+{
+	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
+
+	st->active = false;
+	wc->wr_id = st->w.wr_id;
+	wc->qp_num = tqp->ex.qp_base.qp_num;
+	wc->src_qp = r->src_qpn;
+	wc->opcode = write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+	wc->byte_len = (uint32_t)(write_imm ? r->msg_len :
+				  (r->msg_len ? need : grh + r->offset + r->len));
+	if (tqp->ex.qp_base.qp_type == IBV_QPT_UD) {
+		/* As mlx5 reports a RoCE UD receive: a GRH, and in sl the
+		 * packet's type (bit 3: it came in UDP, RoCEv2; bits 2-0:
+		 * its network header, 2 IPv4, 1 IPv6). Software written for
+		 * mlx5 (UCX's ud transports) reads sl to know where in the
+		 * 40 bytes the addresses are (IBTA A17.4.5.1). */
+		wc->wc_flags |= IBV_WC_GRH;
+		wc->sl = v4mapped(&r->sgid) && v4mapped(&r->dgid) ?
+				 URSA_SL_ROCE_V2_IPV4 : URSA_SL_ROCE_V2_IPV6;
+	}
+	if (r->invalidate &&
+	    ursa_invalidate(tqp->pd, wc->qp_num, r->imm)) {
+		wc->status = IBV_WC_REM_INV_REQ_ERR;
+		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
+		resp->why = URSA_WHY_INVALIDATE;
+		return -1;
+	}
+	if (r->has_imm) {
+		wc->wc_flags |= IBV_WC_WITH_IMM;
+		wc->imm_data = r->imm;
+	} else if (r->invalidate) {
+		wc->wc_flags |= IBV_WC_WITH_INV;
+		wc->invalidated_rkey = r->imm;
+	}
+	atomic_fetch_add(&tqp->cnt.recvs, 1);
+	atomic_fetch_add(&tqp->cnt.rx_bytes, r->msg_len);
+	recv_complete(tqp, tqp->rcq, wc, r->solicited);
+	resp->ack = URSA_ACK;
+	return 0;
+}
+
 static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		    struct ursa_resp *resp, bool write_imm,
 		    struct ursa_rstate *rs)
 {
 	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
-	bool ud = tqp->ex.qp_base.qp_type == IBV_QPT_UD;
 	bool first = r->frag & URSA_FRAG_FIRST, last = r->frag & URSA_FRAG_LAST;
-	struct ursa_cq *cq = tqp->rcq;
 	struct ursa_rstate local, *st = rs ? rs : &local;
 	struct ibv_wc wc = { 0 };
-	uint64_t grh = ud ? URSA_GRH_LEN : 0;
+	uint64_t grh = tqp->ex.qp_base.qp_type == IBV_QPT_UD ? URSA_GRH_LEN : 0;
 	uint64_t need = (write_imm ? 0 : r->msg_len) + grh;
-	pthread_mutex_t *lk = recv_lock(tqp);
 	int64_t room;
 	int e;
 
@@ -214,54 +377,11 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 		return;
 	}
 	if (first) {
-		ursa_rstate_drop(st);
-		pthread_mutex_lock(lk);
-		if (!take_recv(tqp, &st->w)) {
-			pthread_mutex_unlock(lk);
-			atomic_fetch_add(&tqp->cnt.rnr_naks, rc);
-			resp->ack = rc ? URSA_NAK_RNR : URSA_DROPPED;
-			resp->rnr_timer = tqp->attr.min_rnr_timer;
-			resp->why = URSA_WHY_NO_RECV;
+		e = recv_start(tqp, r, resp, write_imm, st, need, &wc);
+		if (e > 0)
 			return;
-		}
-		pthread_mutex_unlock(lk);
-		st->nsg = 0;
-		/* (put_refs reads the WQE's num_sge entries, no more) */
-		for (uint32_t i = 0; i < st->w.num_sge; i++)
-			st->refs[i].k = NULL;
-		room = write_imm ? 0 : map_recv(tqp, &st->w, st->sg, st->refs,
-						&st->nsg, last);
-		wc.wr_id = st->w.wr_id;
-		if (room < 0) {
-			wc.status = IBV_WC_LOC_PROT_ERR;
-			resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
-			resp->why = (uint32_t)-room;
+		if (e < 0)
 			goto fail;
-		}
-		if ((uint64_t)room < need) {
-			put_refs(st->refs, st->w.num_sge);
-			wc.status = IBV_WC_LOC_LEN_ERR;
-			resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
-			resp->why = URSA_WHY_RECV_SHORT;
-			goto fail;
-		}
-		st->room = (uint64_t)room;
-		st->active = true;
-		if (ud) {
-			uint8_t g[URSA_GRH_LEN];
-			struct ursa_sg gs = { (uintptr_t)g, URSA_GRH_LEN };
-
-			build_grh(g, r);
-			if (ursa_xfer(st->sg, st->nsg, false, &gs, 1, false, 0,
-				      0, URSA_GRH_LEN)) {
-				put_refs(st->refs, st->w.num_sge);
-				st->active = false;
-				wc.status = IBV_WC_LOC_ACCESS_ERR;
-				resp->ack = URSA_DROPPED;
-				resp->why = URSA_WHY_UNMAPPED;
-				goto fail;
-			}
-		}
 	} else if (!st->active) {
 		/* a middle or last fragment with no first: out of sequence */
 		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
@@ -278,86 +398,17 @@ static void do_recv(struct ursa_qp *tqp, const struct ursa_req *r,
 			goto fail;
 		}
 	}
-	if (!write_imm && r->len) {
-		/* msg_len 0 on a fragment: the total is not known up front
-		 * (RoCE SENDs do not carry it); the buffer bounds it. */
-		if ((r->msg_len && r->offset + r->len > r->msg_len) ||
-		    grh + r->offset + r->len > st->room) {
-			wc.wr_id = st->w.wr_id;
-			put_refs(st->refs, st->w.num_sge);
-			st->active = false;
-			wc.status = IBV_WC_LOC_LEN_ERR;
-			resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
-			resp->why = URSA_WHY_RECV_SHORT;
-			goto fail;
-		}
-		e = ursa_xfer(st->sg, st->nsg, false, r->src, r->nsrc,
-			      r->src_remote, r->peer, grh + r->offset, r->len);
-		if (e) {
-			wc.wr_id = st->w.wr_id;
-			put_refs(st->refs, st->w.num_sge);
-			st->active = false;
-			wc.status = IBV_WC_LOC_ACCESS_ERR;
-			resp->ack = rc ? URSA_NAK_OP_ERR : URSA_DROPPED;
-			resp->why = e == -EFAULT ? URSA_WHY_UNMAPPED :
-						   URSA_WHY_PEER_MEM;
-			goto fail;
-		}
-	}
+	if (!write_imm && r->len && recv_place(tqp, r, resp, st, grh, &wc))
+		goto fail;
 	put_refs(st->refs, st->w.num_sge);
 	if (!last) {
 		resp->ack = URSA_ACK;
 		return;
 	}
-	st->active = false;
-	wc.wr_id = st->w.wr_id;
-	wc.qp_num = tqp->ex.qp_base.qp_num;
-	wc.src_qp = r->src_qpn;
-	wc.opcode = write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-	wc.byte_len = (uint32_t)(write_imm ? r->msg_len :
-				 (r->msg_len ? need : grh + r->offset + r->len));
-	if (ud) {
-		/* As mlx5 reports a RoCE UD receive: a GRH, and in sl the
-		 * packet's type (bit 3: it came in UDP, RoCEv2; bits 2-0:
-		 * its network header, 2 IPv4, 1 IPv6). Software written for
-		 * mlx5 (UCX's ud transports) reads sl to know where in the
-		 * 40 bytes the addresses are (IBTA A17.4.5.1). */
-		wc.wc_flags |= IBV_WC_GRH;
-		wc.sl = v4mapped(&r->sgid) && v4mapped(&r->dgid) ?
-				URSA_SL_ROCE_V2_IPV4 : URSA_SL_ROCE_V2_IPV6;
-	}
-	if (r->invalidate &&
-	    ursa_invalidate(tqp->pd, wc.qp_num, r->imm)) {
-		wc.status = IBV_WC_REM_INV_REQ_ERR;
-		resp->ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
-		resp->why = URSA_WHY_INVALIDATE;
-		goto fail;
-	}
-	if (r->has_imm) {
-		wc.wc_flags |= IBV_WC_WITH_IMM;
-		wc.imm_data = r->imm;
-	} else if (r->invalidate) {
-		wc.wc_flags |= IBV_WC_WITH_INV;
-		wc.invalidated_rkey = r->imm;
-	}
-	atomic_fetch_add(&tqp->cnt.recvs, 1);
-	atomic_fetch_add(&tqp->cnt.rx_bytes, r->msg_len);
-	recv_complete(tqp, cq, &wc, r->solicited);
-	resp->ack = URSA_ACK;
-	return;
+	if (!recv_done(tqp, r, resp, write_imm, st, need, grh, &wc))
+		return;
 fail:
-	/* The WQE completes in error; an RC QP goes to ERR with the
-	 * affiliated event, UC/UD drop the message. */
-	atomic_fetch_add(&tqp->cnt.errors, 1);
-	wc.vendor_err = resp->why;
-	wc.qp_num = tqp->ex.qp_base.qp_num;
-	wc.src_qp = r->src_qpn;
-	wc.opcode = IBV_WC_RECV;
-	recv_complete(tqp, cq, &wc, true);
-	if (rc)
-		resp_fatal(tqp, wc.status == IBV_WC_LOC_LEN_ERR ||
-				wc.status == IBV_WC_REM_INV_REQ_ERR ?
-				IBV_EVENT_QP_REQ_ERR : IBV_EVENT_QP_ACCESS_ERR);
+	recv_fail(tqp, r, resp, &wc);
 }
 
 static unsigned int need_for(uint32_t op)
