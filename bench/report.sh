@@ -10,7 +10,8 @@
 # per GiB moved), registration cost (bench/regcost, against mlock), the
 # loopback limits (UDP ping-pong, TCP stream), UCX's ucx_perftest over
 # shared memory and TCP when installed, RoCEv2 between two network
-# namespaces (bench/hosts.sh, root), MPI over ursa against Open MPI's and
+# namespaces (bench/hosts.sh, root; bench/wire.sh on a segmented path
+# with loss, against iperf3 and sockperf), MPI over ursa against Open MPI's and
 # UCX's shared memory and UCX tcp (bench/mpi.sh), and the key-value store
 # (bench/kv.sh). Writes CSV files, SVG plots (gnuplot, when installed) and
 # report.md into bench/out (URSA_BENCH_OUT). Asserts no speed: --quick
@@ -151,6 +152,7 @@ if [ -n "$QUICK" ]; then
 	rm -f "$OUT/hosts.csv"	# an earlier full run's figures are not this run's
 elif [ "$(id -u)" = 0 ]; then
 	sh "$(dirname "$0")/hosts.sh" "$BUILD" "$OUT/hosts.csv" >"$OUT/hosts.txt" 2>&1 || note "hosts.sh failed"
+	sh "$(dirname "$0")/wire.sh" "$BUILD" "$OUT/wire.csv" >"$OUT/wire.txt" 2>&1 || note "wire.sh failed: $(tail -1 "$OUT/wire.txt")"
 else
 	echo "(needs root for network namespaces)" >"$OUT/hosts.txt"
 fi
@@ -352,6 +354,12 @@ csvtable() { # FILE: a CSV as a Markdown table
 	echo '```'; cat "$OUT/hosts.txt"; echo '```'
 	echo
 	[ -s "$OUT/hosts.csv" ] && { csvtable "$OUT/hosts.csv"; echo; }
+	if [ -s "$OUT/wire.txt" ]; then
+		echo "### On a segmented path, with loss, next to iperf3 and sockperf (bench/wire.sh)"
+		echo
+		echo '```'; cat "$OUT/wire.txt"; echo '```'
+		echo
+	fi
 	echo "## MPI (bench/mpi.sh: tests/mpi/mpi_check.c lat and bw, 2 ranks of Open MPI)"
 	echo
 	echo '```'; cat "$OUT/mpi.txt"; echo '```'

@@ -18,7 +18,7 @@ fi
 # busybox packages themselves are fetched there with apt-get download)
 [ "$1" = interop ] && need="$need qemu-system-x86 kmod cpio ibverbs-providers"
 optional=""
-[ "$1" = bench ] && optional="gnuplot-nox redis-server redis-tools"
+[ "$1" = bench ] && optional="gnuplot-nox redis-server redis-tools iperf3 sockperf"
 
 missing_of() {
 	m=""

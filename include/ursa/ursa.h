@@ -184,6 +184,10 @@ struct ursa_udp_stats {
 	 * their destination, sent, answered for a destination nobody owns
 	 * (REJ, SIDR_REP, DREP), dropped (malformed, undeliverable) */
 	uint64_t cm_rx, cm_tx, cm_orphan, cm_drop;
+	/* ECN: packets received marked Congestion Experienced, CNPs sent
+	 * for them (one per QP per 50 us at most), CNPs received, and the
+	 * window cuts they made (one per round trip at most) */
+	uint64_t rx_ce, cnp_sent, cnp_rcvd, cnp_cuts;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

@@ -56,6 +56,8 @@ struct ursa_rc {
 	 * (docs/design.md "Reliability"); a window that shrinks with loss
 	 * keeps that down while a clean path runs at the full window. */
 	uint32_t cwnd, ssthresh, cwnd_acc; /* (window_grow) */
+	uint64_t cnp_at;	/* responder: when it last sent a CNP */
+	uint64_t cut_at;	/* requester: when a CNP last cut the window */
 	/* requester: the message in flight (the head WQE) */
 	struct {
 		bool active, done, is_read;
@@ -158,6 +160,7 @@ void rc_rtt_start(struct ursa_rc *u, uint32_t idx, uint64_t now);
 void rc_go_back(struct ursa_qp *qp, struct ursa_rc *u, bool atomic,
 		uint64_t now);
 void rc_pipe_collapse(struct ursa_rc *u);
+void rc_comp_cnp(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now);
 int rc_comp_pipe_head(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now,
 		      struct ursa_resp *resp, uint64_t *until);
 int rc_comp_decide(struct ursa_qp *qp, struct ursa_rc *u,
@@ -184,6 +187,8 @@ void rc_tx(struct ursa_rc *u, const addr_t *src, const addr_t *dst,
 void rc_send_ack(struct ursa_qp *qp, struct ursa_rc *u, const addr_t *to,
 		 const addr_t *from, uint8_t opcode, uint8_t syn, uint32_t psn,
 		 uint64_t orig);
+void rc_send_cnp(struct ursa_qp *qp, struct ursa_rc *u, const addr_t *to,
+		 const addr_t *from);
 void rc_ack_later(struct ursa_qp *qp, struct ursa_rc *u,
 		  const addr_t *peer, const addr_t *me, uint32_t psn);
 

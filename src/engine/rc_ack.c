@@ -91,6 +91,34 @@ void rc_send_ack(struct ursa_qp *qp, struct ursa_rc *u, const addr_t *to,
 }
 
 /*
+ * A CNP (annex A17) to the requester of a request that arrived marked
+ * Congestion Experienced, as a RoCE NIC's notification point sends one
+ * (DCQCN): BECN set, DestQP the requester's QP, at most one per
+ * URSA_CNP_GAP_NS for a QP. rxe drops CNPs; ursa and NICs slow down.
+ */
+void rc_send_cnp(struct ursa_qp *qp, struct ursa_rc *u, const addr_t *to,
+		 const addr_t *from)
+{
+	uint8_t buf[64];
+	struct roce_pkt p = { .opcode = ROCE_CNP | OP_CNP,
+			      .pkey = ROCE_DEFAULT_PKEY, .becn = true };
+	uint64_t now = ursa_now_ns();
+	int n;
+
+	atomic_fetch_add(&ursa_udp_cnt.rx_ce, 1);
+	if (u->cnp_at && now - u->cnp_at < URSA_CNP_GAP_NS)
+		return;
+	u->cnp_at = now;
+	p.dqpn = qp->attr.dest_qp_num;
+	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
+	if (n > 0) {
+		rc_tx(u, from, to, buf, (size_t)n,
+		      qp->attr.ah_attr.grh.hop_limit, false);
+		atomic_fetch_add(&ursa_udp_cnt.cnp_sent, 1);
+	}
+}
+
+/*
  * Delayed ACK. A responder that acknowledges at once pays a system call
  * per message on its critical path, and the requester, woken by the lone
  * ACK, returns to spinning on its memory (perftest's latency tests) so

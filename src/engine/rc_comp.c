@@ -509,3 +509,27 @@ int rc_comp_decide(struct ursa_qp *qp, struct ursa_rc *u,
 	}
 	return 0;
 }
+
+/*
+ * A CNP for our requester: the path marks our packets Congestion
+ * Experienced. The window halves, once a round trip at most (a round
+ * trip's CNPs answer one window: RFC 3168 6.1.2 reduces once per window
+ * of data too), never below URSA_UDP_WINDOW_MIN packets, and grows back
+ * by one packet per window acknowledged (rc_window_grow above ssthresh).
+ * DCQCN cuts a rate by a factor it learns; a window halved per round
+ * trip is what TCP does with the same marks, so the two share a queue.
+ */
+void rc_comp_cnp(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now)
+{
+	uint64_t rtt = u->srtt ? u->srtt : URSA_CNP_GAP_NS;
+
+	(void)qp;
+	atomic_fetch_add(&ursa_udp_cnt.cnp_rcvd, 1);
+	if (u->cut_at && now - u->cut_at < rtt)
+		return;
+	u->cut_at = now;
+	u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
+	u->ssthresh = u->cwnd;
+	u->cwnd_acc = 0;
+	atomic_fetch_add(&ursa_udp_cnt.cnp_cuts, 1);
+}

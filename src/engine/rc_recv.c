@@ -17,12 +17,29 @@
  * which the transport drops after the datagram; a coalesced run's packets
  * are for one QP (the sender sends them from its socket), so the lookup
  * is made once per run. */
+/* A CNP for one of our QPs: its requester slows down (rc_comp.c). A
+ * CNP's source is whichever port the peer's NIC sends from, so only the
+ * QP's peer address is checked, not its port. */
+static void on_cnp(struct ursa_qp *qp, const addr_t *src)
+{
+	struct ursa_rc *u = qp->rc;
+
+	if (!u || qp->ex.qp_base.qp_type == IBV_QPT_UD ||
+	    memcmp(qp->attr.ah_attr.grh.dgid.raw, src->raw, 16)) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_src, 1);
+		return;
+	}
+	pthread_mutex_lock(&u->lock);
+	rc_comp_cnp(qp, u, ursa_now_ns());
+	pthread_mutex_unlock(&u->lock);
+}
+
 /* A packet for one of our QPs: its opcode, source and the QP's state
  * checked, then to the completer (a response) or the responder (a
  * request). */
 static void dispatch(struct ursa_qp *qp, const struct roce_pkt *p,
 		     uint8_t *buf, size_t len, const addr_t *src,
-		     uint16_t sport, const addr_t *dst)
+		     uint16_t sport, const addr_t *dst, unsigned flags)
 {
 	struct ursa_rc *u;
 	uint32_t f;
@@ -70,6 +87,8 @@ static void dispatch(struct ursa_qp *qp, const struct roce_pkt *p,
 		atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
 		atomic_fetch_add(&qp->cnt.drops, 1);
 	} else {
+		if ((flags & URSA_UDP_RX_CE) && t != IBV_QPT_UD)
+			rc_send_cnp(qp, u, src, dst);
 		if (u->stash_len)
 			rc_run_held(qp, u);	/* in PSN order */
 		if (!rc_hold_request(qp, u, p, f, buf, len, dst, src))
@@ -96,7 +115,8 @@ static void dispatch(struct ursa_qp *qp, const struct roce_pkt *p,
 }
 
 static int rc_rx(uint8_t *buf, size_t len, const addr_t *src, uint16_t sport,
-		 const addr_t *dst, struct ursa_qp **run_qp, uint32_t *dqpn)
+		 const addr_t *dst, unsigned flags, struct ursa_qp **run_qp,
+		 uint32_t *dqpn)
 {
 	struct roce_pkt p;
 	struct ursa_qp *qp;
@@ -123,7 +143,10 @@ static int rc_rx(uint8_t *buf, size_t len, const addr_t *src, uint16_t sport,
 			*run_qp = qp;	/* (its reference, dropped by the caller) */
 		}
 	}
-	dispatch(qp, &p, buf, len, src, sport, dst);
+	if (roce_opcode_flags(p.opcode) & P_CNP)
+		on_cnp(qp, src);
+	else
+		dispatch(qp, &p, buf, len, src, sport, dst, flags);
 	if (!run_qp)
 		ursa_loop_put(qp);
 	return 0;

@@ -55,6 +55,8 @@ uint32_t roce_opcode_flags(uint8_t opcode)
 		if (o == OP_SEND_ONLY || o == OP_SEND_ONLY_IMM)
 			return ops[o] | H_DETH;
 		return 0;
+	case ROCE_CNP:
+		return o == OP_CNP ? P_CNP | H_CNPRSV : 0;
 	}
 	return 0;
 }
@@ -73,6 +75,7 @@ unsigned roce_hdr_len(uint8_t opcode)
 	if (f & H_ATMACK) n += 8;
 	if (f & H_IMM) n += 4;
 	if (f & H_IETH) n += 4;
+	if (f & H_CNPRSV) n += 16;
 	return n;
 }
 
@@ -90,6 +93,8 @@ const char *roce_opcode_name(uint8_t opcode)
 
 	if (!roce_opcode_flags(opcode))
 		return "unknown";
+	if ((opcode & 0xe0) == ROCE_CNP)
+		return "CNP";
 	return names[opcode & 0x1f] ? names[opcode & 0x1f] : "unknown";
 }
 
@@ -124,6 +129,7 @@ int roce_parse(const uint8_t *buf, size_t len, struct roce_pkt *p)
 	p->pkey = get16(buf + 2);
 	p->dqpn = get24(buf + 5);
 	p->ackreq = buf[8] & 0x80;
+	p->becn = buf[4] & 0x40;
 	p->psn = get24(buf + 9);
 	h = buf + ROCE_BTH_LEN;
 	if (f & H_DETH) {
@@ -195,6 +201,8 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 		return -ENOSPC;
 	roce_bth_put(buf, p->opcode, p->se, p->mig, pad, p->pkey, p->dqpn,
 		     p->ackreq, p->psn);
+	if (p->becn)
+		buf[4] = 0x40;
 	h = buf + ROCE_BTH_LEN;
 	if (f & H_DETH) {
 		put32(h, p->qkey);
@@ -230,6 +238,10 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 	} else if (f & H_IETH) {
 		put32(h, p->imm);
 		h += 4;
+	}
+	if (f & H_CNPRSV) {
+		memset(h, 0, 16);
+		h += 16;
 	}
 	if (paylen && payload != h)	/* (else built in place) */
 		memcpy(h, payload, paylen);

@@ -25,6 +25,7 @@
 /* Opcode: bits 7-5 transport, bits 4-0 operation (IBTA table 35). */
 enum {
 	ROCE_RC = 0x00, ROCE_UC = 0x20, ROCE_UD = 0x60,
+	ROCE_CNP = 0x80,	/* congestion notification (annex A17) */
 };
 enum {
 	OP_SEND_FIRST = 0x00, OP_SEND_MIDDLE = 0x01, OP_SEND_LAST = 0x02,
@@ -35,6 +36,7 @@ enum {
 	OP_READ_RESP_LAST = 0x0f, OP_READ_RESP_ONLY = 0x10, OP_ACK = 0x11,
 	OP_ATOMIC_ACK = 0x12, OP_CMP_SWAP = 0x13, OP_FETCH_ADD = 0x14,
 	OP_SEND_LAST_INV = 0x16, OP_SEND_ONLY_INV = 0x17,
+	OP_CNP = 0x01,		/* with ROCE_CNP: opcode 0x81 */
 };
 
 /* Which headers follow the BTH, and what the opcode means. */
@@ -46,6 +48,9 @@ enum {
 	P_LAST = 1 << 11, P_REQ = 1 << 12, P_RESP = 1 << 13,
 	P_SEND = 1 << 14, P_WRITE = 1 << 15, P_READ = 1 << 16,
 	P_ATOMIC = 1 << 17,
+	/* a CNP: BTH (BECN set, P_Key 0xffff, DestQP the QP to slow down,
+	 * PSN 0), then 16 reserved bytes (H_CNPRSV), no payload */
+	P_CNP = 1 << 18, H_CNPRSV = 1 << 19,
 };
 
 /* Flags of an opcode, 0 if the opcode is unknown or not valid. */
@@ -87,6 +92,7 @@ enum {
 struct roce_pkt {
 	uint8_t opcode;
 	bool se, mig, ackreq;
+	bool becn;		/* BTH byte 4 bit 6 (set in CNPs) */
 	uint8_t padcnt;
 	uint16_t pkey;
 	uint32_t dqpn;		/* 24 bits */

@@ -310,7 +310,7 @@ void ursa_udp_seal(uint8_t *ib, size_t len, const addr_t *src,
  */
 struct fwd_hdr {
 	uint32_t magic;
-	uint16_t sport, pad;
+	uint16_t sport, flags;	/* URSA_UDP_RX_* of the packet */
 	addr_t src, dst;
 };
 #define FWD_MAGIC 0x55524657u /* "URFW" */
@@ -491,9 +491,10 @@ static void fwd_forget(int fd)
 /* Hand a packet to the process owning dqpn. False: not another process's
  * QP; true: forwarded, or dropped and counted (the owner is behind). */
 static bool forward(const uint8_t *buf, size_t len, uint32_t dqpn,
-		    const addr_t *src, uint16_t sport, const addr_t *dst)
+		    const addr_t *src, uint16_t sport, const addr_t *dst,
+		    unsigned flags)
 {
-	struct fwd_hdr h = { FWD_MAGIC, sport, 0, *src, *dst };
+	struct fwd_hdr h = { FWD_MAGIC, sport, (uint16_t)flags, *src, *dst };
 	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)buf, len } };
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
 	pid_t pid = qpn_owner(dqpn);
@@ -521,7 +522,7 @@ static bool forward(const uint8_t *buf, size_t len, uint32_t dqpn,
 
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		      uint16_t sport, const addr_t *dst, bool forwarded,
-		      unsigned seg, struct ursa_qp **run_qp);
+		      unsigned seg, unsigned flags, struct ursa_qp **run_qp);
 
 static int poll_sock(int fd, bool v6);
 static void port_retry(void);
@@ -583,7 +584,8 @@ static int fwd_poll(void)
 			if (h.magic != FWD_MAGIC)
 				continue;
 			on_packet(buf + sizeof(h), (size_t)r - sizeof(h), &h.src,
-				  h.sport, &h.dst, true, 0, NULL);
+				  h.sport, &h.dst, true, 0,
+				  h.flags & URSA_UDP_RX_CE, NULL);
 			total++;
 		}
 	}
@@ -608,6 +610,39 @@ static struct {
 } grave;			/* receive sockets of gone QPs; under U.lock */
 
 static bool gso_on(void);
+
+/*
+ * ECN (RFC 3168): the QPs' packets leave ECN-capable (ECT(0)) and
+ * receive sockets report the IP traffic class, so that a router that
+ * marks instead of dropping (a RED queue with ecn) tells the responder,
+ * which answers with a CNP (engine/rc_recv.c); the IP header's traffic
+ * class is masked out of the ICRC (IBTA 7.8, annex A17), so marking it
+ * leaves the ICRC good.
+ * URSA_ECN=0 turns it off.
+ */
+static void ecn_send(int fd, bool v6)
+{
+	int ect = 0x02;
+
+	if (!ursa_cfg()->ecn || fd < 0)
+		return;
+	if (v6)
+		setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &ect, sizeof(ect));
+	else
+		setsockopt(fd, IPPROTO_IP, IP_TOS, &ect, sizeof(ect));
+}
+
+static void ecn_recv(int fd, bool v6)
+{
+	int one = 1;
+
+	if (!ursa_cfg()->ecn || fd < 0)
+		return;
+	if (v6)
+		setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one));
+	else
+		setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one));
+}
 
 /* Receive runs sent with GSO as one buffer (UDP_GRO), when the kernel
  * kept them together; poll_sock cuts them apart. */
@@ -651,6 +686,7 @@ void ursa_udp_ep_connect(struct ursa_udp_ep *u, const addr_t *peer,
 			setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
 		else
 			setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one));
+		ecn_recv(fd, v6);
 		gro_on(fd);
 		ev.data.u64 = SIDE(v6 ? SIDE_RX6 : SIDE_RX4, fd);
 		if (bind(fd, (struct sockaddr *)&any, al) ||
@@ -742,6 +778,8 @@ int ursa_udp_ep_open(struct ursa_udp_ep *ep, uint32_t qpn)
 			ep->txfd6 = -1;
 		}
 	}
+	ecn_send(ep->txfd, false);
+	ecn_send(ep->txfd6, true);
 	return 0;
 }
 
@@ -768,6 +806,7 @@ static int open6(void)
 	setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
 	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
 	setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
+	ecn_recv(fd, true);
 	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
 	gro_on(fd);
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
@@ -842,6 +881,7 @@ static int port_bind(void)
 	 * group; the kernel spreads flows over them and a packet for another
 	 * process's QP is forwarded to it. */
 	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+	ecn_recv(fd, false);
 	if (setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) ||
 	    bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
 		e = errno;
@@ -1529,7 +1569,7 @@ void ursa_udp_tx_hold(bool on)
  * first. run_qp: the engine's (engine/rc_recv.c), NULL for none. */
 static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 		      uint16_t sport, const addr_t *dst, bool forwarded,
-		      unsigned seg, struct ursa_qp **run_qp)
+		      unsigned seg, unsigned flags, struct ursa_qp **run_qp)
 {
 	uint32_t dqpn = 0;
 
@@ -1563,9 +1603,10 @@ static void on_packet(uint8_t *buf, size_t len, const addr_t *src,
 	}
 	/* the engine's (engine/rc_recv.c); a QPN not ours may be another
 	 * process's (never forward twice) */
-	if (ursa_udp_up.rx(buf, len, src, sport, dst, run_qp, &dqpn) != -ENOENT)
+	if (ursa_udp_up.rx(buf, len, src, sport, dst, flags, run_qp,
+			   &dqpn) != -ENOENT)
 		return;
-	if (!forwarded && forward(buf, len, dqpn, src, sport, dst))
+	if (!forwarded && forward(buf, len, dqpn, src, sport, dst, flags))
 		return;
 	atomic_fetch_add(&ursa_udp_cnt.drop_qpn, 1);
 }
@@ -1576,7 +1617,7 @@ void ursa_udp_inject(uint8_t *buf, size_t len, const union ibv_gid *src,
 		     uint16_t sport, const union ibv_gid *dst)
 {
 	pthread_mutex_lock(&U.rx);
-	on_packet(buf, len, src, sport, dst, true, 0, NULL);
+	on_packet(buf, len, src, sport, dst, true, 0, 0, NULL);
 	pthread_mutex_unlock(&U.rx);
 	ursa_udp_flush();
 }
@@ -1584,6 +1625,25 @@ void ursa_udp_inject(uint8_t *buf, size_t len, const union ibv_gid *src,
 uint16_t ursa_udp_port(void)
 {
 	return U.port;
+}
+
+static bool is_tos(const struct cmsghdr *c)
+{
+	return (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) ||
+	       (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS);
+}
+
+/* URSA_UDP_RX_CE if the traffic class says Congestion Experienced (IPv4
+ * gives one byte, IPv6 an int) */
+static unsigned ecn_ce(const struct cmsghdr *c)
+{
+	int tc = 0;
+
+	if (c->cmsg_level == IPPROTO_IP && c->cmsg_len >= CMSG_LEN(1))
+		tc = *CMSG_DATA(c);
+	else if (c->cmsg_len >= CMSG_LEN(sizeof(int)))
+		memcpy(&tc, CMSG_DATA(c), sizeof(tc));
+	return (tc & 3) == 3 ? URSA_UDP_RX_CE : 0;
 }
 
 /* Receive a batch from one socket; returns datagrams handled. */
@@ -1594,6 +1654,7 @@ static int poll_sock(int fd, bool v6)
 	static uint8_t bufs[BATCH][URSA_UDP_GRO_BUF];
 	static struct sockaddr_storage from[BATCH];
 	static char cbuf[BATCH][CMSG_SPACE(sizeof(struct in6_pktinfo)) +
+				CMSG_SPACE(sizeof(int)) +
 				CMSG_SPACE(sizeof(int))];
 	struct mmsghdr mm[BATCH];
 	struct iovec iov[BATCH];
@@ -1622,6 +1683,7 @@ static int poll_sock(int fd, bool v6)
 		for (int i = 0; i < n; i++) {
 			addr_t src = { .raw = { 0 } }, dst = { .raw = { 0 } };
 			bool have_dst = false;
+			unsigned flags = 0;
 			uint16_t sport;
 			size_t seg = 0;
 
@@ -1642,6 +1704,8 @@ static int poll_sock(int fd, bool v6)
 					memcpy(&pi, CMSG_DATA(c), sizeof(pi));
 					memcpy(dst.raw, &pi.ipi6_addr, 16);
 					have_dst = true;
+				} else if (is_tos(c)) {
+					flags |= ecn_ce(c);
 				} else if (c->cmsg_level == SOL_UDP &&
 					   c->cmsg_type == UDP_GRO) {
 					int g;
@@ -1675,7 +1739,7 @@ static int poll_sock(int fd, bool v6)
 			for (size_t off = 0; off < mm[i].msg_len; off += seg)
 				on_packet(bufs[i] + off, MIN(seg, mm[i].msg_len - off),
 					  &src, sport, &dst, false,
-					  (unsigned)(off / seg), &run_qp);
+					  (unsigned)(off / seg), flags, &run_qp);
 			if (run_qp) {
 				ursa_loop_put(run_qp);
 				run_qp = NULL;

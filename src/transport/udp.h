@@ -156,9 +156,10 @@ int ursa_udp_rcvbuf(void);
  * ICRC checked, for the engine to dispatch. run_qp: see rc_rx in
  * engine/rc_recv.c. Returns 0, or -ENOENT for a QPN no QP of this process has
  * (*dqpn set: the transport may forward it). */
+enum { URSA_UDP_RX_CE = 1 };	/* flags: ECN Congestion Experienced */
 struct ursa_udp_up {
 	int (*rx)(uint8_t *buf, size_t len, const union ibv_gid *src,
-		  uint16_t sport, const union ibv_gid *dst,
+		  uint16_t sport, const union ibv_gid *dst, unsigned flags,
 		  struct ursa_qp **run_qp, uint32_t *dqpn);
 };
 extern struct ursa_udp_up ursa_udp_up;
@@ -202,6 +203,10 @@ struct ursa_udp_counters {
 	 * owner, sent, answered because nobody owns their destination,
 	 * dropped (malformed, or the owner's socket was full) */
 	atomic_uint_fast64_t cm_rx, cm_tx, cm_orphan, cm_drop;
+	/* ECN: congestion-marked packets received, CNPs sent for them
+	 * (at most one per QP per URSA_CNP_GAP_NS), CNPs received, and the
+	 * window cuts they made */
+	atomic_uint_fast64_t rx_ce, cnp_sent, cnp_rcvd, cnp_cuts;
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

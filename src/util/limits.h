@@ -71,6 +71,9 @@
 #define URSA_UDP_DELAYQ 256	/* packets the delay fault holds back */
 #define URSA_UDP_ACK_WAKE_SLACK_NS 1000000ull /* a held ACK's wake-up */
 #define URSA_UDP_HOLD_NS 200000ull /* a request held for our ACK, at most */
+/* a responder sends a QP's requester at most one CNP this often (DCQCN's
+ * notification point: one per flow per 50 us) */
+#define URSA_CNP_GAP_NS 50000ull
 
 /* --- the progress engine (engine/engine.c) -------------------------------- */
 #define URSA_ENG_EVENT_POLL_NS 200000ull /* a busy engine looks at sockets */

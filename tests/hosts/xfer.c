@@ -533,11 +533,13 @@ static void print_counters(void)
 		       " PSN %" PRIu64 " duplicate %" PRIu64 ", injected: lost %" PRIu64
 		       " duplicated %" PRIu64 " reordered %" PRIu64 " corrupted %" PRIu64
 		       ", forwarded %" PRIu64 " (dropped %" PRIu64 "), GSO runs sent %" PRIu64
-		       " received whole %" PRIu64 ", packets with an IPv4 ID %" PRIu64 "\n",
+		       " received whole %" PRIu64 ", packets with an IPv4 ID %" PRIu64
+		       ", CNPs received %" PRIu64 " window cuts %" PRIu64 "\n",
 		       st.tx_pkts, st.rx_pkts, st.retransmits, st.naks_sent,
 		       st.naks_rcvd, st.drop_icrc, st.drop_psn, st.dup,
 		       st.fault_lost, st.fault_dup, st.fault_reorder, st.fault_corrupt,
-		       st.forwarded, st.drop_fwd, st.tx_gso, st.rx_gro, st.rx_ipid);
+		       st.forwarded, st.drop_fwd, st.tx_gso, st.rx_gro, st.rx_ipid,
+		       st.cnp_rcvd, st.cnp_cuts);
 }
 
 /* The delayed ACK, three ways (see the top of the file). */

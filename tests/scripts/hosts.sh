@@ -206,6 +206,46 @@ offloads() { # on|off
 			>/dev/null 2>&1 || return 1
 	done
 }
+# 3c. ECN: the router marks 2% of the ECN-capable RoCEv2 packets toward
+# h1 Congestion Experienced, as a marking queue would (this kernel may
+# have no RED qdisc; iptables' TOS target sets the mark), and drops
+# none. The client's WRITEs and SENDs arrive marked, the server answers
+# with CNPs, the client halves its window on them; everything arrives
+# byte-exact. With URSA_ECN=0 packets leave not ECN-capable: the router
+# must not mark them (RFC 3168) and no CNP flows.
+ecn_marks() { # packets the marking rule took
+	ip netns exec $R iptables -t mangle -L FORWARD -v -n -x 2>/dev/null |
+		awk '/TOS/ {print $1; exit}'
+}
+ecn_check() {
+	if ! ip netns exec $R iptables -t mangle -A FORWARD -p udp --dport 4791 \
+		-d $IP1 -m ecn --ecn-ip-ect 2 -m statistic --mode random \
+		--probability 0.02 -j TOS --set-tos 0x03/0x03 2>/dev/null; then
+		skp "ECN" "iptables cannot mark packets (ecn match, TOS target)"
+		return
+	fi
+	SRV_ENV="XFER_RETRY_CNT=3 XFER_QP_TIMEOUT=14" CLI_ENV="XFER_RETRY_CNT=3 XFER_QP_TIMEOUT=14" \
+		xfer_pair "RC 16 MiB through a router that marks ECN" 16
+	marked=$(ecn_marks)
+	cnps=$(sed -n 's/.*CNPs received \([0-9]*\) window cuts \([0-9]*\).*/\1 \2/p' "$tmp/c")
+	if [ "${marked:-0}" -gt 0 ] && [ "${cnps%% *}" -gt 0 ] 2>/dev/null &&
+	   [ "${cnps##* }" -gt 0 ]; then
+		ok "  the router marked $marked packets; the client got ${cnps% *} CNPs and cut its window ${cnps#* } times"
+	else
+		bad "  marks answered with CNPs" "router marked ${marked:-?}, client's CNPs and cuts: ${cnps:-?}"
+	fi
+	ip netns exec $R iptables -t mangle -Z FORWARD
+	SRV_ENV="URSA_ECN=0" CLI_ENV="URSA_ECN=0" \
+		xfer_pair "RC 4 MiB with URSA_ECN=0 through the same router" 4
+	marked=$(ecn_marks)
+	cnps=$(sed -n 's/.*CNPs received \([0-9]*\) window cuts.*/\1/p' "$tmp/c")
+	if [ "${marked:-1}" = 0 ] && [ "${cnps:-1}" = 0 ]; then
+		ok "  URSA_ECN=0: packets not ECN-capable, none marked, no CNP"
+	else
+		bad "  URSA_ECN=0" "router marked ${marked:-?}, client's CNPs ${cnps:-?}"
+	fi
+	ip netns exec $R iptables -t mangle -F FORWARD
+}
 if command -v ethtool >/dev/null && offloads off; then
 	ip netns exec $H1 ethtool -K v1h gro on >/dev/null 2>&1
 	ip netns exec $H2 ethtool -K v2h gro on >/dev/null 2>&1
@@ -216,6 +256,7 @@ if command -v ethtool >/dev/null && offloads off; then
 			xfer_pair "RC 16 MiB, segmented path, $p loss on the router, retry_cnt 3 timeout 14" 16
 		ip netns exec $R iptables -F FORWARD
 	done
+	ecn_check
 	offloads on
 else
 	skp "segmented path" "ethtool cannot turn the veths' offloads off"

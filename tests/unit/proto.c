@@ -402,7 +402,7 @@ static int test_roundtrip_all_opcodes(void)
 			free(t);
 		}
 	}
-	EXPECT_EQ(ops, 23 + 12 + 2);
+	EXPECT_EQ(ops, 23 + 12 + 2 + 1);	/* RC, UC, UD, CNP */
 	return TEST_RESULT();
 }
 
@@ -449,6 +449,30 @@ static int test_psn_arithmetic(void)
 	return TEST_RESULT();
 }
 
+/* A CNP as roce_build makes it is the one a ConnectX-4 Lx sent (the
+ * capture of test_icrc_published_vectors, its IB transport part), and
+ * parses back as a CNP for its QP with BECN set. */
+static int test_cnp(void)
+{
+	uint8_t want[64], buf[64];
+	size_t n = unhex("8100ffff40000118" "00000000"
+			 "00000000000000000000000000000000", want, sizeof(want));
+	struct roce_pkt p = { .opcode = ROCE_CNP | OP_CNP, .pkey = 0xffff,
+			      .dqpn = 0x118, .becn = true }, q;
+	int b = roce_build(buf, sizeof(buf), &p, NULL, 0);
+
+	REQUIRE(b == (int)n + ROCE_ICRC_LEN);
+	EXPECT_TRUE(!memcmp(buf, want, n));
+	EXPECT_EQ(roce_parse(buf, (size_t)b, &q), 0);
+	EXPECT_EQ(roce_opcode_flags(q.opcode) & P_CNP, P_CNP);
+	EXPECT_EQ(q.dqpn, 0x118);
+	EXPECT_TRUE(q.becn);
+	EXPECT_EQ(strcmp(roce_opcode_name(q.opcode), "CNP"), 0);
+	/* no other operation of the CNP transport */
+	EXPECT_EQ(roce_opcode_flags(ROCE_CNP | OP_SEND_ONLY), 0);
+	return TEST_RESULT();
+}
+
 static const struct test tests[] = {
 	TEST_ENTRY(icrc_published_vectors, "ICRC of captured and published packets"),
 	TEST_ENTRY(icrc_v4_id_solve, "any IPv4 ID recovered from the ICRC, damage refused"),
@@ -461,6 +485,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(roundtrip_all_opcodes, "every opcode builds, parses, refuses truncation"),
 	TEST_ENTRY(parse_refuses, "malformed packets are refused"),
 	TEST_ENTRY(psn_arithmetic, "24-bit PSN wrap"),
+	TEST_ENTRY(cnp, "a CNP as NICs send it, built and parsed"),
 };
 
 int main(int argc, char **argv)
