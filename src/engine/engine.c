@@ -317,6 +317,80 @@ static uint64_t spin_adapt(const struct ursa_engine *e, uint64_t gap)
 	return MIN(e->spin_max_ns, MAX(e->spin_ns, gap + gap / 2));
 }
 
+/*
+ * The engine sleeps until work comes, its earliest timer (deadline) or
+ * the stop. While an application thread polls, it reads the RoCEv2
+ * sockets and runs the timers: the engine sleeps without the sockets
+ * and looks again every quiet time (the timers its passes set ring no
+ * doorbell meanwhile: rearm).
+ */
+static void engine_sleep(struct ursa_engine *e, uint64_t deadline)
+{
+	bool was_quiet = false;
+	uint64_t now;
+
+	/* (quiet time off: try again after a while) */
+	if (!e->quiet_cur && e->quiet_ns &&
+	    ursa_now_ns() - e->quiet_off > URSA_ENG_RECENT_NS)
+		e->quiet_cur = e->quiet_ns;
+	for (;;) {
+		uint64_t until, app;
+		bool quiet, other, udp = false;
+
+		now = ursa_now_ns();
+		app = atomic_load_explicit(&e->app_pass_ns,
+					   memory_order_relaxed);
+		quiet = e->quiet_cur && ursa_udp_live() &&
+			now - app < e->quiet_cur;
+		if (was_quiet && !quiet) {
+			/* It stopped polling: watch the sockets
+			 * again and run a pass, which also learns
+			 * those timers. Packets already waiting
+			 * had waited for us (the application had
+			 * stopped polling, as perftest's WRITE
+			 * latency test does while it spins on
+			 * memory): halve the quiet time, down to
+			 * none. */
+			ursa_udp_engine_watch(&e->udp, true);
+			handle_events(e, 0, &udp);
+			if (udp) {
+				e->quiet_cur /= 2;
+				if (e->quiet_cur < 2000) {
+					e->quiet_cur = 0;
+					e->quiet_off = now;
+				}
+			}
+			break;
+		}
+		ursa_udp_engine_watch(&e->udp, !quiet);
+		deadline = tick(e, now, deadline);
+		until = deadline;
+		if (quiet && until > now + e->quiet_cur)
+			until = now + e->quiet_cur;
+		atomic_store(&e->sleep_until, until);
+		atomic_store(&e->ctl->wake_by, until);
+		atomic_store_explicit(&e->quiet_sleep, quiet,
+				      memory_order_relaxed);
+		other = handle_events(e, until == UINT64_MAX ?
+				      UINT64_MAX : until > now ?
+				      until - now : 0, NULL);
+		atomic_store_explicit(&e->quiet_sleep, false,
+				      memory_order_relaxed);
+		atomic_fetch_add(&e->wakeups, 1);
+		now = ursa_now_ns();
+		/* A quiet time that ends with the application
+		 * still polling grows it back, up to
+		 * URSA_QUIET_US. */
+		if (was_quiet && quiet)
+			e->quiet_cur = MIN(e->quiet_ns,
+					   e->quiet_cur * 2);
+		was_quiet = quiet;
+		if (other || !quiet || now >= deadline ||
+		    atomic_load(&e->stop))
+			break;
+	}
+}
+
 static void *engine_main(void *arg)
 {
 	struct ursa_engine *e = arg;
@@ -373,73 +447,7 @@ static void *engine_main(void *arg)
 		atomic_thread_fence(memory_order_seq_cst);
 		if (!any_pending(e, ursa_now_ns(), &deadline) &&
 		    !atomic_load(&e->stop)) {
-			bool was_quiet = false;
-
-			/* (quiet time off: try again after a while) */
-			if (!e->quiet_cur && e->quiet_ns &&
-			    ursa_now_ns() - e->quiet_off > URSA_ENG_RECENT_NS)
-				e->quiet_cur = e->quiet_ns;
-			for (;;) {
-				uint64_t until, app;
-				bool quiet, other, udp = false;
-
-				/* While an application thread polls, it reads
-				 * the RoCEv2 sockets and runs the timers: sleep
-				 * without the sockets and look again every
-				 * quiet_cur (the timers its passes set ring no
-				 * doorbell meanwhile: rearm). */
-				now = ursa_now_ns();
-				app = atomic_load_explicit(&e->app_pass_ns,
-							   memory_order_relaxed);
-				quiet = e->quiet_cur && ursa_udp_live() &&
-					now - app < e->quiet_cur;
-				if (was_quiet && !quiet) {
-					/* It stopped polling: watch the sockets
-					 * again and run a pass, which also learns
-					 * those timers. Packets already waiting
-					 * had waited for us (the application had
-					 * stopped polling, as perftest's WRITE
-					 * latency test does while it spins on
-					 * memory): halve the quiet time, down to
-					 * none. */
-					ursa_udp_engine_watch(&e->udp, true);
-					handle_events(e, 0, &udp);
-					if (udp) {
-						e->quiet_cur /= 2;
-						if (e->quiet_cur < 2000) {
-							e->quiet_cur = 0;
-							e->quiet_off = now;
-						}
-					}
-					break;
-				}
-				ursa_udp_engine_watch(&e->udp, !quiet);
-				deadline = tick(e, now, deadline);
-				until = deadline;
-				if (quiet && until > now + e->quiet_cur)
-					until = now + e->quiet_cur;
-				atomic_store(&e->sleep_until, until);
-				atomic_store(&e->ctl->wake_by, until);
-				atomic_store_explicit(&e->quiet_sleep, quiet,
-						      memory_order_relaxed);
-				other = handle_events(e, until == UINT64_MAX ?
-						      UINT64_MAX : until > now ?
-						      until - now : 0, NULL);
-				atomic_store_explicit(&e->quiet_sleep, false,
-						      memory_order_relaxed);
-				atomic_fetch_add(&e->wakeups, 1);
-				now = ursa_now_ns();
-				/* A quiet time that ends with the application
-				 * still polling grows it back, up to
-				 * URSA_QUIET_US. */
-				if (was_quiet && quiet)
-					e->quiet_cur = MIN(e->quiet_ns,
-							   e->quiet_cur * 2);
-				was_quiet = quiet;
-				if (other || !quiet || now >= deadline ||
-				    atomic_load(&e->stop))
-					break;
-			}
+			engine_sleep(e, deadline);
 			last_events = ursa_now_ns();
 		}
 		atomic_store(&e->ctl->sleeping, 0);

@@ -462,71 +462,86 @@ static int atomic_at(uint64_t *p, const struct ursa_req *r, uint64_t *orig)
 	return 0;
 }
 
-static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
+/* The checks of an RDMA request before its memory is touched: responder
+ * resources, the QP's access flags, an atomic's alignment, the rkey
+ * (C9-88: a zero-length RDMA operation does not check it). Returns
+ * whether it passed (ref: the target memory), else resp is the NAK. */
+static bool rdma_ok(struct ursa_qp *tqp, const struct ursa_req *r,
+		    uint64_t len, struct ursa_mem_ref *ref,
 		    struct ursa_resp *resp)
 {
 	unsigned int need = need_for(r->opcode);
 	bool atomic = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		      r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-	uint64_t len = atomic ? 8 : r->len;
-	struct ursa_mem_ref ref = { 0 };
-	int e, err = 0;
+	int e;
 
 	/* IBTA 9.7.5.1.1: READ and atomics need responder resources */
 	if (tqp->ex.qp_base.qp_type == IBV_QPT_RC &&
 	    (r->opcode == IBV_WR_RDMA_READ || atomic) &&
 	    !tqp->attr.max_dest_rd_atomic) {
 		nak(tqp, resp, URSA_NAK_INV_REQ, URSA_WHY_RD_ATOMIC);
-		return;
+		return false;
 	}
 	if (!(tqp->attr.qp_access_flags & need)) {
 		nak(tqp, resp, URSA_NAK_ACCESS,
 		    URSA_WHY_QP_ACCESS);
-		return;
+		return false;
 	}
 	if (atomic && (r->remote_addr & 7)) {
 		nak(tqp, resp, URSA_NAK_INV_REQ, URSA_WHY_ALIGN);
-		return;
+		return false;
 	}
-	/* C9-88: a zero-length RDMA operation does not check the R_Key. */
 	if (len) {
 		e = ursa_mem_remote(tqp->pd, tqp->ex.qp_base.qp_num, r->rkey,
-				    r->remote_addr, len, need, &ref);
+				    r->remote_addr, len, need, ref);
 		if (e) {
 			nak(tqp, resp, URSA_NAK_ACCESS, (uint32_t)-e);
-			return;
+			return false;
 		}
 	}
-	if (r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM &&
-	    (r->frag & URSA_FRAG_LAST)) {
-		/* The WQE must exist before the data is placed, or the RNR
-		 * retry would write twice (harmless) but also complete a
-		 * WRITE whose immediate never arrived. */
-		pthread_mutex_t *lk = recv_lock(tqp);
-		struct ursa_rq *rq = tqp->srq ? &tqp->srq->rq : &tqp->rq;
-		bool have;
+	return true;
+}
 
-		pthread_mutex_lock(lk);
-		have = ursa_ring_ready(&rq->ring) > 0;
-		pthread_mutex_unlock(lk);
-		if (!have) {
-			ursa_mem_put(&ref);
-			if (tqp->ex.qp_base.qp_type == IBV_QPT_RC) {
-				atomic_fetch_add(&tqp->cnt.rnr_naks, 1);
-				resp->ack = URSA_NAK_RNR;
-				resp->rnr_timer = tqp->attr.min_rnr_timer;
-			} else {
-				resp->ack = URSA_DROPPED;
-			}
-			resp->why = URSA_WHY_NO_RECV;
-			return;
-		}
+/* A WRITE with immediate's last fragment needs a receive WQE before its
+ * data is placed, or the RNR retry would write twice (harmless) but also
+ * complete a WRITE whose immediate never arrived. Returns whether one
+ * waits, else resp is the RNR NAK (RC) or the drop. */
+static bool imm_recv_ready(struct ursa_qp *tqp, struct ursa_resp *resp)
+{
+	pthread_mutex_t *lk = recv_lock(tqp);
+	struct ursa_rq *rq = tqp->srq ? &tqp->srq->rq : &tqp->rq;
+	bool have;
+
+	pthread_mutex_lock(lk);
+	have = ursa_ring_ready(&rq->ring) > 0;
+	pthread_mutex_unlock(lk);
+	if (have)
+		return true;
+	if (tqp->ex.qp_base.qp_type == IBV_QPT_RC) {
+		atomic_fetch_add(&tqp->cnt.rnr_naks, 1);
+		resp->ack = URSA_NAK_RNR;
+		resp->rnr_timer = tqp->attr.min_rnr_timer;
+	} else {
+		resp->ack = URSA_DROPPED;
 	}
+	resp->why = URSA_WHY_NO_RECV;
+	return false;
+}
+
+/* The data of a checked RDMA request moves (one copy) or the atomic
+ * runs; returns 0, -EFAULT (the MR's memory is gone) or another error of
+ * the requester's side. */
+static int rdma_move(struct ursa_qp *tqp, const struct ursa_req *r,
+		     uint64_t len, const struct ursa_mem_ref *ref,
+		     struct ursa_resp *resp)
+{
+	int err = 0;
+
 	switch (r->opcode) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 		if (len) {
-			struct ursa_sg d = { ref.va, len };
+			struct ursa_sg d = { ref->va, len };
 
 			err = ursa_xfer(&d, 1, false, r->src, r->nsrc,
 					r->src_remote, r->peer, 0, len);
@@ -539,7 +554,7 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 		break;
 	case IBV_WR_RDMA_READ:
 		if (len) {
-			struct ursa_sg s = { ref.va, len };
+			struct ursa_sg s = { ref->va, len };
 
 			err = ursa_xfer(r->dst, r->ndst, r->dst_remote, &s, 1,
 					false, r->peer, 0, len);
@@ -548,11 +563,32 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 		break;
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
-		err = atomic_at((uint64_t *)ref.va, r, &resp->atomic_orig);
+		err = atomic_at((uint64_t *)ref->va, r, &resp->atomic_orig);
 		if (!err)
 			atomic_fetch_add(&tqp->cnt.atomics, 1);
 		break;
 	}
+	return err;
+}
+
+static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
+		    struct ursa_resp *resp)
+{
+	bool atomic = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		      r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	bool imm = r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM &&
+		   (r->frag & URSA_FRAG_LAST);
+	uint64_t len = atomic ? 8 : r->len;
+	struct ursa_mem_ref ref = { 0 };
+	int err;
+
+	if (!rdma_ok(tqp, r, len, &ref, resp))
+		return;
+	if (imm && !imm_recv_ready(tqp, resp)) {
+		ursa_mem_put(&ref);
+		return;
+	}
+	err = rdma_move(tqp, r, len, &ref, resp);
 	ursa_mem_put(&ref);
 	if (err == -EFAULT) {
 		/* the MR's memory was unmapped behind its registration */
@@ -566,13 +602,12 @@ static void do_rdma(struct ursa_qp *tqp, const struct ursa_req *r,
 		return;
 	}
 	resp->ack = URSA_ACK;
-	if (r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM &&
-	    (r->frag & URSA_FRAG_LAST)) {
-		struct ursa_req imm = *r;
+	if (imm) {
+		struct ursa_req ir = *r;
 
-		imm.frag = URSA_FRAG_ONLY;
-		imm.msg_len = r->offset + r->len;
-		do_recv(tqp, &imm, resp, true, NULL);
+		ir.frag = URSA_FRAG_ONLY;
+		ir.msg_len = r->offset + r->len;
+		do_recv(tqp, &ir, resp, true, NULL);
 	}
 }
 

@@ -1646,6 +1646,63 @@ static unsigned ecn_ce(const struct cmsghdr *c)
 	return (tc & 3) == 3 ? URSA_UDP_RX_CE : 0;
 }
 
+/* What a received datagram's control messages tell: the address it was
+ * sent to (*dst; false if missing), its ECN mark (*flags), the segment
+ * size of a coalesced run (*seg, 0 if alone). */
+static bool rx_meta(struct msghdr *h, bool v6, addr_t *dst, unsigned *flags,
+		    size_t *seg)
+{
+	bool have_dst = false;
+
+	memset(dst, 0, sizeof(*dst));
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c; c = CMSG_NXTHDR(h, c)) {
+		if (!v6 && c->cmsg_level == IPPROTO_IP &&
+		    c->cmsg_type == IP_PKTINFO) {
+			struct in_pktinfo pi;
+
+			memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+			dst->raw[10] = dst->raw[11] = 0xff;
+			memcpy(dst->raw + 12, &pi.ipi_addr, 4);
+			have_dst = true;
+		} else if (v6 && c->cmsg_level == IPPROTO_IPV6 &&
+			   c->cmsg_type == IPV6_PKTINFO) {
+			struct in6_pktinfo pi;
+
+			memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+			memcpy(dst->raw, &pi.ipi6_addr, 16);
+			have_dst = true;
+		} else if (is_tos(c)) {
+			*flags |= ecn_ce(c);
+		} else if (c->cmsg_level == SOL_UDP &&
+			   c->cmsg_type == UDP_GRO) {
+			int g;
+
+			memcpy(&g, CMSG_DATA(c), sizeof(g));
+			*seg = g > 0 ? (size_t)g : 0;
+		}
+	}
+	return have_dst;
+}
+
+/* The sender's GID (*src) and port of a received datagram. */
+static uint16_t from_addr(const struct sockaddr_storage *ss, bool v6,
+			  addr_t *src)
+{
+	memset(src, 0, sizeof(*src));
+	if (v6) {
+		const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+
+		memcpy(src->raw, &a->sin6_addr, 16);
+		return ntohs(a->sin6_port);
+	} else {
+		const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+
+		src->raw[10] = src->raw[11] = 0xff;
+		memcpy(src->raw + 12, &a->sin_addr, 4);
+		return ntohs(a->sin_port);
+	}
+}
+
 /* Receive a batch from one socket; returns datagrams handled. */
 static int poll_sock(int fd, bool v6)
 {
@@ -1681,51 +1738,14 @@ static int poll_sock(int fd, bool v6)
 		 * on both sides. */
 		ursa_udp_tx_hold(true);
 		for (int i = 0; i < n; i++) {
-			addr_t src = { .raw = { 0 } }, dst = { .raw = { 0 } };
-			bool have_dst = false;
+			addr_t src, dst;
 			unsigned flags = 0;
 			uint16_t sport;
 			size_t seg = 0;
+			bool have_dst = rx_meta(&mm[i].msg_hdr, v6, &dst,
+						&flags, &seg);
 
-			for (struct cmsghdr *c = CMSG_FIRSTHDR(&mm[i].msg_hdr); c;
-			     c = CMSG_NXTHDR(&mm[i].msg_hdr, c)) {
-				if (!v6 && c->cmsg_level == IPPROTO_IP &&
-				    c->cmsg_type == IP_PKTINFO) {
-					struct in_pktinfo pi;
-
-					memcpy(&pi, CMSG_DATA(c), sizeof(pi));
-					dst.raw[10] = dst.raw[11] = 0xff;
-					memcpy(dst.raw + 12, &pi.ipi_addr, 4);
-					have_dst = true;
-				} else if (v6 && c->cmsg_level == IPPROTO_IPV6 &&
-					   c->cmsg_type == IPV6_PKTINFO) {
-					struct in6_pktinfo pi;
-
-					memcpy(&pi, CMSG_DATA(c), sizeof(pi));
-					memcpy(dst.raw, &pi.ipi6_addr, 16);
-					have_dst = true;
-				} else if (is_tos(c)) {
-					flags |= ecn_ce(c);
-				} else if (c->cmsg_level == SOL_UDP &&
-					   c->cmsg_type == UDP_GRO) {
-					int g;
-
-					memcpy(&g, CMSG_DATA(c), sizeof(g));
-					seg = g > 0 ? (size_t)g : 0;
-				}
-			}
-			if (v6) {
-				struct sockaddr_in6 *a = (struct sockaddr_in6 *)&from[i];
-
-				memcpy(src.raw, &a->sin6_addr, 16);
-				sport = ntohs(a->sin6_port);
-			} else {
-				struct sockaddr_in *a = (struct sockaddr_in *)&from[i];
-
-				src.raw[10] = src.raw[11] = 0xff;
-				memcpy(src.raw + 12, &a->sin_addr, 4);
-				sport = ntohs(a->sin_port);
-			}
+			sport = from_addr(&from[i], v6, &src);
 			if ((mm[i].msg_hdr.msg_flags & MSG_TRUNC) || !have_dst) {
 				atomic_fetch_add(&ursa_udp_cnt.drop_short, 1);
 				continue;
