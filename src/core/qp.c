@@ -61,15 +61,14 @@ static uint64_t op_bit(uint32_t op)
 	return 0;
 }
 
-int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
-		   struct ursa_qp **out)
+/* ibv_create_qp_ex's attributes, checked as providers check them:
+ * EOPNOTSUPP for what ursa does not implement, EINVAL for what is wrong. */
+static int qp_attr_check(const struct ibv_qp_init_attr_ex *ia)
 {
 	const uint32_t known = IBV_QP_INIT_ATTR_PD |
 			       IBV_QP_INIT_ATTR_CREATE_FLAGS |
 			       IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-	struct ibv_qp_cap *c = &ia->cap;
-	struct ursa_qp *qp;
-	int ret;
+	const struct ibv_qp_cap *c = &ia->cap;
 
 	if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UC &&
 	    ia->qp_type != IBV_QPT_UD)
@@ -92,19 +91,17 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 	if ((ia->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
 	    (ia->send_ops_flags & ~ops_for(ia->qp_type)))
 		return -EOPNOTSUPP;
-	qp = calloc(1, sizeof(*qp));
-	if (!qp)
-		return -ENOMEM;
-	ret = ursa_ring_init(&qp->sq, MAX(c->max_send_wr, 1u),
-			     sizeof(struct ursa_send_wqe));
-	if (ret)
-		goto err;
-	if (!ia->srq) {
-		ret = ursa_ring_init(&qp->rq.ring, MAX(c->max_recv_wr, 1u),
-				     sizeof(struct ursa_recv_wqe));
-		if (ret)
-			goto err_sq;
-	}
+	return 0;
+}
+
+/* A new QP's fields from its attributes; the granted capabilities are
+ * written back as the verbs API requires (perftest and rc_pingpong read
+ * them). */
+static void qp_fill(struct ursa_qp *qp, struct ursa_ctx *ctx,
+		    struct ibv_qp_init_attr_ex *ia)
+{
+	struct ibv_qp_cap *c = &ia->cap;
+
 	pthread_mutex_init(&qp->state_lock, NULL);
 	pthread_mutex_init(&qp->sq_lock, NULL);
 	pthread_mutex_init(&qp->rq_lock, NULL);
@@ -116,8 +113,6 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 	qp->rcq = to_ucq(ia->recv_cq);
 	qp->srq = ia->srq ? to_usrq(ia->srq) : NULL;
 	qp->sq_sig_all = ia->sq_sig_all;
-	/* Granted capabilities, written back as the verbs API requires
-	 * (perftest and rc_pingpong read them). */
 	c->max_send_wr = ia->cap.max_send_wr ? qp->sq.size : 0;
 	if (!ia->srq)
 		c->max_recv_wr = ia->cap.max_recv_wr ? qp->rq.ring.size : 0;
@@ -140,6 +135,32 @@ int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
 	qp->ex.qp_base.srq = ia->srq;
 	qp->ex.qp_base.qp_type = ia->qp_type;
 	qp->ex.qp_base.state = IBV_QPS_RESET;
+}
+
+int ursa_qp_create(struct ursa_ctx *ctx, struct ibv_qp_init_attr_ex *ia,
+		   struct ursa_qp **out)
+{
+	struct ibv_qp_cap *c = &ia->cap;
+	struct ursa_qp *qp;
+	int ret;
+
+	ret = qp_attr_check(ia);
+	if (ret)
+		return ret;
+	qp = calloc(1, sizeof(*qp));
+	if (!qp)
+		return -ENOMEM;
+	ret = ursa_ring_init(&qp->sq, MAX(c->max_send_wr, 1u),
+			     sizeof(struct ursa_send_wqe));
+	if (ret)
+		goto err;
+	if (!ia->srq) {
+		ret = ursa_ring_init(&qp->rq.ring, MAX(c->max_recv_wr, 1u),
+				     sizeof(struct ursa_recv_wqe));
+		if (ret)
+			goto err_sq;
+	}
+	qp_fill(qp, ctx, ia);
 	ret = ursa_hooks.qp_add(qp);
 	if (ret)
 		goto err_rq;

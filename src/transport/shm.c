@@ -1053,6 +1053,61 @@ bool ursa_shm_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 	return false;
 }
 
+/* The answer at the head of the channel's answer ring into resp (an
+ * inline READ's data into our own WQE's buffers), and the ring moves on. */
+static void take_answer(struct ursa_chan *c, struct ursa_send_wqe *w,
+			const struct ursa_req *r, struct ursa_resp *resp)
+{
+	struct ursa_wresp *p = peek_resp(c);
+
+	resp->ack = p->ack <= URSA_DROPPED ? (enum ursa_ack)p->ack : URSA_NAK_OP_ERR;
+	resp->why = p->why;
+	resp->rnr_timer = (uint8_t)p->rnr_timer;
+	resp->atomic_orig = p->atomic_orig;
+	if (resp->ack == URSA_ACK && r->opcode == IBV_WR_RDMA_READ && p->inline_len) {
+		/* Inline READ data lands in our own WQE's buffers (checked by
+		 * the requester), never where the peer says. */
+		uint64_t n = MIN((uint64_t)p->inline_len, r->msg_len - w->xfer_off);
+		struct ursa_sg part[URSA_MAX_SGE];
+		struct ursa_sg s = { (uintptr_t)p->data, n };
+		uint32_t k = ursa_sg_slice(r->dst, r->ndst, w->xfer_off, n, part);
+
+		ursa_sg_copy(part, k, &s, 1, n);
+	}
+	atomic_store_explicit(&c->mem->resp_head,
+			      atomic_load(&c->mem->resp_head) + 1,
+			      memory_order_release);
+	w->inflight = false;
+}
+
+/* No answer in time (IBTA 9.7.6.1.3): retransmit the same request (same
+ * seq) until retry_cnt runs out. Returns as ursa_shm_step. */
+static int step_timeout(struct ursa_qp *qp, struct ursa_chan *c,
+			struct ursa_send_wqe *w, const struct ursa_req *r,
+			uint64_t now, struct ursa_resp *resp, uint64_t *until)
+{
+	w->inflight = false;
+	if (qp->ex.qp_base.qp_type != IBV_QPT_RC) {
+		resp->ack = URSA_DROPPED;
+		return 1;
+	}
+	if (!ursa_retry_take(qp, w)) {
+		resp->ack = URSA_DROPPED;
+		resp->why = c && c->state != URSA_CHAN_DEAD ? URSA_WHY_NOT_READY :
+							      URSA_WHY_PEER_DEAD;
+		resp->final = true;
+		return 1;
+	}
+	if (c && c->state == URSA_CHAN_READY) {
+		push_request(qp, c, w, r, now);
+	} else {
+		w->inflight = true;
+		w->deadline_ns = now + ack_timeout(qp);
+	}
+	*until = w->deadline_ns;
+	return 0;
+}
+
 int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		  const struct ursa_req *r, uint64_t now,
 		  struct ursa_resp *resp, uint64_t *until)
@@ -1060,7 +1115,6 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	bool rc = qp->ex.qp_base.qp_type == IBV_QPT_RC;
 	uint32_t dqpn = r->type == IBV_QPT_UD ? w->remote_qpn : qp->attr.dest_qp_num;
 	struct ursa_chan *c = chan_for(qp, dqpn & 0xffffff);
-	struct ursa_wresp *p;
 
 	memset(resp, 0, sizeof(*resp));
 	w->connecting = false;
@@ -1094,32 +1148,13 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		push_request(qp, c, w, r, now);
 		goto wait_nocheck;
 	}
-	p = peek_resp(c);
-	if (!p)
+	if (!peek_resp(c))
 		goto wait;
 answered:
-	p = peek_resp(c);
-	resp->ack = p->ack <= URSA_DROPPED ? (enum ursa_ack)p->ack : URSA_NAK_OP_ERR;
-	resp->why = p->why;
-	resp->rnr_timer = (uint8_t)p->rnr_timer;
-	resp->atomic_orig = p->atomic_orig;
-	if (resp->ack == URSA_ACK && r->opcode == IBV_WR_RDMA_READ && p->inline_len) {
-		/* Inline READ data lands in our own WQE's buffers (checked by
-		 * the requester), never where the peer says. */
-		uint64_t n = MIN((uint64_t)p->inline_len, r->msg_len - w->xfer_off);
-		struct ursa_sg part[URSA_MAX_SGE];
-		struct ursa_sg s = { (uintptr_t)p->data, n };
-		uint32_t k = ursa_sg_slice(r->dst, r->ndst, w->xfer_off, n, part);
-
-		ursa_sg_copy(part, k, &s, 1, n);
-	}
-	atomic_store_explicit(&c->mem->resp_head,
-			      atomic_load(&c->mem->resp_head) + 1,
-			      memory_order_release);
-	w->inflight = false;
+	take_answer(c, w, r, resp);
 	if (resp->ack != URSA_ACK) {
-		if (resp->ack == URSA_DROPPED && rc)
-			goto timeout; /* RC: an explicit drop is "no answer" */
+		if (resp->ack == URSA_DROPPED && rc)	/* RC: "no answer" */
+			return step_timeout(qp, c, w, r, now, resp, until);
 		return 1;
 	}
 	c->seq++;
@@ -1144,29 +1179,7 @@ wait_nocheck:
 		*until = w->deadline_ns;
 		return 0;
 	}
-timeout:
-	/* No answer in time (IBTA 9.7.6.1.3): retransmit the same request
-	 * (same seq) until retry_cnt runs out. */
-	w->inflight = false;
-	if (!rc) {
-		resp->ack = URSA_DROPPED;
-		return 1;
-	}
-	if (!ursa_retry_take(qp, w)) {
-		resp->ack = URSA_DROPPED;
-		resp->why = c && c->state != URSA_CHAN_DEAD ? URSA_WHY_NOT_READY :
-							      URSA_WHY_PEER_DEAD;
-		resp->final = true;
-		return 1;
-	}
-	if (c && c->state == URSA_CHAN_READY) {
-		push_request(qp, c, w, r, now);
-	} else {
-		w->inflight = true;
-		w->deadline_ns = now + ack_timeout(qp);
-	}
-	*until = w->deadline_ns;
-	return 0;
+	return step_timeout(qp, c, w, r, now, resp, until);
 }
 
 /* --- responder side ------------------------------------------------------ */
@@ -1402,13 +1415,97 @@ static void push_resp(struct ursa_chan *c, const struct ursa_wresp *src,
 
 /* Execute one request from the ring. Every field is the peer's word:
  * bound it before use. */
+/* The request of a channel's slot, decoded into the responder's form
+ * (its data lists come from wreq_data). */
+static void wreq_decode(const struct ursa_chan *c, const struct ursa_wreq *q,
+			struct ursa_req *r)
+{
+	r->opcode = q->opcode;
+	r->frag = q->frag & URSA_FRAG_ONLY;
+	r->type = c->qp->ex.qp_base.qp_type;
+	r->src_qpn = c->peer_qpn;
+	r->qkey = q->qkey;
+	r->rkey = q->rkey;
+	r->remote_addr = q->raddr;
+	r->len = q->len;
+	r->msg_len = q->msg_len;
+	r->offset = q->offset;
+	r->imm = q->imm;
+	r->has_imm = q->flags & WF_IMM;
+	r->invalidate = q->flags & WF_INV;
+	r->solicited = q->flags & WF_SOLICITED;
+	r->compare_add = q->compare_add;
+	r->swap = q->swap;
+	r->peer = c->peer_pid;
+	memcpy(r->sgid.raw, q->sgid, 16);
+	memcpy(r->dgid.raw, q->dgid, 16);
+	r->traffic_class = q->tclass;
+	r->hop_limit = q->hop;
+	r->flow_label = q->flow;
+}
+
+/* Where the request's data is: the requester's memory by cross-memory
+ * attach (sg), the answer's slot for a small READ, or the request's own
+ * slot (slot). Everything the peer wrote is bounded first. Returns
+ * whether the request is well formed. */
+static bool wreq_data(const struct ursa_chan *c, const struct ursa_wreq *q,
+		      struct ursa_wresp *out, struct ursa_sg *sg,
+		      struct ursa_sg *slot, struct ursa_req *r)
+{
+	if (q->len > URSA_MAX_MSG_SZ || q->msg_len > URSA_MAX_MSG_SZ ||
+	    q->offset > q->msg_len || q->nsg > URSA_MAX_SGE ||
+	    ((q->flags & WF_CMA) && !c->cma))
+		return false;
+	if (q->flags & WF_CMA) {
+		uint64_t tot = 0;
+
+		for (uint32_t i = 0; i < q->nsg; i++) {
+			sg[i].va = q->sg[i].va;
+			sg[i].len = q->sg[i].len;
+			tot += q->sg[i].len;
+		}
+		if (tot < q->len)
+			return false;
+		if (q->opcode == IBV_WR_RDMA_READ) {
+			r->dst = sg;
+			r->ndst = q->nsg;
+			r->dst_remote = true;
+		} else {
+			r->src = sg;
+			r->nsrc = q->nsg;
+			r->src_remote = true;
+		}
+	} else if (q->opcode == IBV_WR_RDMA_READ) {
+		if (q->len > URSA_SHM_INLINE)
+			return false;
+		/* Small READ: the data rides back in the answer's slot. */
+		slot->va = (uintptr_t)out->data;
+		slot->len = q->len;
+		r->dst = slot;
+		r->ndst = 1;
+	} else {
+		uint32_t il = q->inline_len; /* bounded by the snapshot */
+
+		if (il < q->len && q->opcode != IBV_WR_ATOMIC_CMP_AND_SWP &&
+		    q->opcode != IBV_WR_ATOMIC_FETCH_AND_ADD)
+			return false;
+		/* Copy out of the shared slot first: the peer could change
+		 * it while we read. */
+		slot->va = (uintptr_t)q->data;
+		slot->len = il;
+		r->src = slot;
+		r->nsrc = 1;
+	}
+	return true;
+}
+
 static void serve_one(struct ursa_chan *c, const struct ursa_wreq *q)
 {
 	struct ursa_qp *tqp = c->qp;
 	struct ursa_wresp *out = c->last_resp;
 	struct ursa_sg sg[URSA_MAX_SGE], slot;
 	struct ursa_req r = { 0 };
-	struct ursa_resp resp = { 0 };	/* (the refusals below set two fields) */
+	struct ursa_resp resp = { 0 };	/* (a refusal sets two fields) */
 	size_t olen = offsetof(struct ursa_wresp, data);
 	bool rc = tqp->ex.qp_base.qp_type == IBV_QPT_RC;
 
@@ -1424,91 +1521,18 @@ static void serve_one(struct ursa_chan *c, const struct ursa_wreq *q)
 	}
 	if (q->seq != c->seq)
 		return;	/* out of sequence: dropped */
-	r.opcode = q->opcode;
-	r.frag = q->frag & URSA_FRAG_ONLY;
-	r.type = tqp->ex.qp_base.qp_type;
-	r.src_qpn = c->peer_qpn;
-	r.qkey = q->qkey;
-	r.rkey = q->rkey;
-	r.remote_addr = q->raddr;
-	r.len = q->len;
-	r.msg_len = q->msg_len;
-	r.offset = q->offset;
-	r.imm = q->imm;
-	r.has_imm = q->flags & WF_IMM;
-	r.invalidate = q->flags & WF_INV;
-	r.solicited = q->flags & WF_SOLICITED;
-	r.compare_add = q->compare_add;
-	r.swap = q->swap;
-	r.peer = c->peer_pid;
-	memcpy(r.sgid.raw, q->sgid, 16);
-	memcpy(r.dgid.raw, q->dgid, 16);
-	r.traffic_class = q->tclass;
-	r.hop_limit = q->hop;
-	r.flow_label = q->flow;
+	wreq_decode(c, q, &r);
 	memset(out, 0, olen);
 	out->seq = q->seq;
-	if (q->len > URSA_MAX_MSG_SZ || q->msg_len > URSA_MAX_MSG_SZ ||
-	    q->offset > q->msg_len || q->nsg > URSA_MAX_SGE ||
-	    ((q->flags & WF_CMA) && !c->cma)) {
+	if (!wreq_data(c, q, out, sg, &slot, &r)) {
 		resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
 		resp.why = URSA_WHY_OPCODE;
-		goto answer;
-	}
-	if (q->flags & WF_CMA) {
-		uint64_t tot = 0;
-
-		for (uint32_t i = 0; i < q->nsg; i++) {
-			sg[i].va = q->sg[i].va;
-			sg[i].len = q->sg[i].len;
-			tot += q->sg[i].len;
-		}
-		if (tot < q->len) {
-			resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
-			resp.why = URSA_WHY_OPCODE;
-			goto answer;
-		}
-		if (q->opcode == IBV_WR_RDMA_READ) {
-			r.dst = sg;
-			r.ndst = q->nsg;
-			r.dst_remote = true;
-		} else {
-			r.src = sg;
-			r.nsrc = q->nsg;
-			r.src_remote = true;
-		}
-	} else if (q->opcode == IBV_WR_RDMA_READ) {
-		if (q->len > URSA_SHM_INLINE) {
-			resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
-			resp.why = URSA_WHY_OPCODE;
-			goto answer;
-		}
-		/* Small READ: the data rides back in the answer's slot. */
-		slot.va = (uintptr_t)out->data;
-		slot.len = q->len;
-		r.dst = &slot;
-		r.ndst = 1;
 	} else {
-		uint32_t il = q->inline_len; /* bounded by the snapshot */
-
-		if (il < q->len && q->opcode != IBV_WR_ATOMIC_CMP_AND_SWP &&
-		    q->opcode != IBV_WR_ATOMIC_FETCH_AND_ADD) {
-			resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
-			resp.why = URSA_WHY_OPCODE;
-			goto answer;
-		}
-		/* Copy out of the shared slot first: the peer could change
-		 * it while we read. */
-		slot.va = (uintptr_t)q->data;
-		slot.len = il;
-		r.src = &slot;
-		r.nsrc = 1;
+		ursa_resp_execute(tqp, &r, &resp, &c->rs);
+		if (resp.ack == URSA_ACK && q->opcode == IBV_WR_RDMA_READ &&
+		    !(q->flags & WF_CMA))
+			out->inline_len = (uint32_t)q->len;
 	}
-	ursa_resp_execute(tqp, &r, &resp, &c->rs);
-	if (resp.ack == URSA_ACK && q->opcode == IBV_WR_RDMA_READ &&
-	    !(q->flags & WF_CMA))
-		out->inline_len = (uint32_t)q->len;
-answer:
 	out->ack = resp.ack;
 	out->why = resp.why;
 	out->rnr_timer = resp.rnr_timer;
