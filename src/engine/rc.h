@@ -8,12 +8,15 @@
  *   rc_req.c   requester: a WQE cut into packets, PSNs, pipelining, the
  *              window, timers checked before each step
  *   rc_comp.c  completer: ACKs, NAKs, READ responses and atomic answers
- *              move the message on; go-back-N; RTT and RTO
+ *              move the message on; go-back-N; RTT and RTO; the window's
+ *              cuts on CNPs
  *   rc_resp.c  responder: PSN checks, duplicates, atomic replay, READ
  *              responses; executes through the shared responder (resp.c)
- *   rc_ack.c   ACK scheduling: held-back ACKs, NAKs, the QP's packet send
+ *   rc_ack.c   ACK scheduling: held-back ACKs, NAKs, CNPs, the QP's
+ *              packet send
  *   rc_recv.c  receive dispatch: parse, QPN lookup, state and source
- *              checks, then the completer or the responder
+ *              checks, then the completer or the responder; a CE mark
+ *              answered with a CNP
  *
  * retry_cnt and rnr_retry are taken only through ursa_retry_take and
  * ursa_rnr_retry_take (engine.h). Packets leave and arrive through the UDP

@@ -1,15 +1,13 @@
 // SPDX-License-Identifier: MIT
 /*
  * rc_ack.c - ACK scheduling and the packet send of the RoCEv2 engine (rc.h):
- * control packets (ACK, NAK, atomic ACK), ACKs held back to leave with
- * the QP's next packet, and rc_tx, through which every packet of the
+ * control packets (ACK, NAK, atomic ACK, CNP), ACKs held back to leave
+ * with the QP's next packet, and rc_tx, through which every packet of the
  * engine reaches the transport's send batch.
  */
 #include "rc.h"
 
 #include <stdlib.h>
-
-void rc_ack_emit(struct ursa_rc *u, bool along);
 
 /* A held ACK leaves now: the QP is going away or changing state, and the
  * peer, whose request a real NIC would have acknowledged long ago, must
@@ -192,7 +190,6 @@ void rc_ack_emit(struct ursa_rc *u, bool along)
 		    AETH_ACK | AETH_CREDIT_INVALID, u->ack_psn, 0);
 }
 
-void rc_run_held(struct ursa_qp *qp, struct ursa_rc *u);
 
 /* Is what waits until due due now? If not, *deadline comes down to it. An
  * application's pass rings the sleeping engine only if it would sleep

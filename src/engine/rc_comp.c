@@ -4,7 +4,8 @@
  * responses and atomic answers move the requester's messages on; the
  * cumulative ACK completes the pipe's WRITEs and SENDs (IBTA 9.7.5.1.1),
  * a PSN-sequence NAK or the RTO goes back to the first unacknowledged
- * packet (go-back-N); the round trip is measured (Karn) for the RTO.
+ * packet (go-back-N); the round trip is measured (Karn) for the RTO; a
+ * CNP halves the window.
  */
 #include "rc.h"
 
