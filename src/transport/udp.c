@@ -620,29 +620,19 @@ static bool gso_on(void);
  * leaves the ICRC good.
  * URSA_ECN=0 turns it off.
  */
-static void ecn_send(int fd, bool v6)
+static void ecn_opt(int fd, bool v6, int opt4, int opt6, int val)
 {
-	int ect = 0x02;
-
 	if (!ursa_cfg()->ecn || fd < 0)
 		return;
 	if (v6)
-		setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &ect, sizeof(ect));
+		setsockopt(fd, IPPROTO_IPV6, opt6, &val, sizeof(val));
 	else
-		setsockopt(fd, IPPROTO_IP, IP_TOS, &ect, sizeof(ect));
+		setsockopt(fd, IPPROTO_IP, opt4, &val, sizeof(val));
 }
 
-static void ecn_recv(int fd, bool v6)
-{
-	int one = 1;
-
-	if (!ursa_cfg()->ecn || fd < 0)
-		return;
-	if (v6)
-		setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one));
-	else
-		setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one));
-}
+/* sending: ECT(0); receiving: the traffic class in a control message */
+#define ecn_send(fd, v6) ecn_opt(fd, v6, IP_TOS, IPV6_TCLASS, 0x02)
+#define ecn_recv(fd, v6) ecn_opt(fd, v6, IP_RECVTOS, IPV6_RECVTCLASS, 1)
 
 /* Receive runs sent with GSO as one buffer (UDP_GRO), when the kernel
  * kept them together; poll_sock cuts them apart. */
