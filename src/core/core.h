@@ -68,6 +68,7 @@ struct ursa_device {
 };
 
 struct ursa_engine;
+struct ursa_shm_eng;
 
 struct ursa_event {
 	struct ibv_async_event ev;
@@ -93,6 +94,10 @@ struct ursa_ctx {
 	struct verbs_context vctx; /* context is its last member */
 	struct ursa_device *dev;
 	struct ursa_engine *eng;
+	/* eng's part the same-host transport keeps (transport/shm.h), set
+	 * and cleared with eng: the transport reaches it from a QP without
+	 * knowing the engine */
+	struct ursa_shm_eng *shm;
 	ursa_mutex qp_lock;
 	struct ursa_qp *qps;	   /* list served by this context's engine */
 	struct ursa_evq async;

@@ -69,7 +69,7 @@ static bool any_pending(struct ursa_engine *e, uint64_t now,
 				now + MAX(URSA_ENG_APP_POLL_NS, e->quiet_cur));
 		return false;
 	}
-	p = ursa_shm_serve_pending(ctx->eng);
+	p = ursa_shm_serve_pending(&e->shm);
 	/* (a datagram waiting on the RoCEv2 socket wakes epoll_wait) */
 	for (struct ursa_qp *qp = ctx->qps; qp && !p; qp = qp->next)
 		p = ursa_req_pending(qp, now, deadline) ||
@@ -91,7 +91,7 @@ static int pass(struct ursa_ctx *ctx, uint64_t *now, uint64_t *deadline,
 	/* (The transports complete a QP's own requests before they deliver
 	 * a peer's request that its answer preceded: ursa_shm_serve and
 	 * rc_rx in engine/rc_recv.c; docs/design.md "Completion order".) */
-	work += ursa_shm_serve(ctx->eng) + ursa_udp_poll();
+	work += ursa_shm_serve(&ctx->eng->shm) + ursa_udp_poll();
 	/* (an idle QP costs two loads: a poll of an empty CQ runs this) */
 	for (struct ursa_qp *qp = ctx->qps; qp; qp = qp->next) {
 		if (ursa_ring_ready(&qp->sq))
@@ -187,7 +187,7 @@ void ursa_engine_app_blocks(struct ursa_ctx *ctx)
 	/* The served channels change under the lock; when another pass
 	 * holds it, ring rather than wait. */
 	if (ursa_mutex_trylock(&ctx->qp_lock)) {
-		pending = ursa_shm_serve_pending(e);
+		pending = ursa_shm_serve_pending(&e->shm);
 		ursa_mutex_unlock(&ctx->qp_lock);
 	}
 	if (pending)
@@ -274,7 +274,7 @@ static bool handle_events(struct ursa_engine *e, uint64_t timeout_ns,
 		struct ursa_watch *w = ev[i].data.ptr;
 
 		if (w->kind != URSA_W_UDP && w->kind != URSA_W_DOORBELL)
-			ursa_shm_event(e, w, ev[i].events);
+			ursa_shm_event(&e->shm, w, ev[i].events);
 	}
 	ursa_mutex_unlock(&e->ctx->qp_lock);
 	return true;
@@ -408,7 +408,7 @@ static void *engine_main(void *arg)
 		if (lock_unless_app(e, now)) {
 			/* Only the engine frees closed channels: it alone
 			 * may hold events that still name them. */
-			ursa_shm_reap(e);
+			ursa_shm_reap(&e->shm);
 			work += pass(ctx, &now, &deadline, true);
 			ursa_mutex_unlock(&ctx->qp_lock);
 		}
@@ -507,10 +507,15 @@ int ursa_engine_start(struct ursa_ctx *ctx)
 		ret = -errno;
 		goto err;
 	}
+	e->shm.epfd = e->epfd;
+	e->shm.ctl_fd = e->ctl_fd;
+	e->shm.efd = e->efd;
 	ctx->eng = e;
+	ctx->shm = &e->shm;
 	ret = -pthread_create(&e->thr, NULL, engine_main, e);
 	if (ret) {
 		ctx->eng = NULL;
+		ctx->shm = NULL;
 		goto err;
 	}
 	/* Return once the thread runs: its start-up (the C library's, a
@@ -540,12 +545,14 @@ __attribute__((constructor)) static void engine_hooks(void)
 	ursa_hooks.progress_qp = ursa_engine_progress_qp;
 	ursa_hooks.kick = ursa_engine_kick;
 	ursa_hooks.engine_forget = ursa_engine_forget;
+	/* the same-host transport's requests, served on our passes */
+	ursa_shm_up.execute = ursa_resp_execute;
+	ursa_shm_up.run_sq = ursa_req_process_lazy;
 }
 
 void ursa_engine_forget(struct ursa_engine *e)
 {
-	for (struct ursa_chan *c = e->served; c; c = c->next)
-		ursa_shm_forget(c);
+	ursa_shm_engine_forget(&e->shm);
 	/* the child must not take doorbells meant for the parent's engine */
 	close(e->epfd);
 	e->epfd = e->udp.epfd = -1;
@@ -561,6 +568,7 @@ void ursa_engine_stop(struct ursa_ctx *ctx)
 		return;
 	if (e->forked) {
 		ctx->eng = NULL;
+		ctx->shm = NULL;
 		/* inherited through fork: the thread lives in the parent;
 		 * release only our copies of its descriptors */
 		munmap(e->ctl, 4096);
@@ -572,11 +580,12 @@ void ursa_engine_stop(struct ursa_ctx *ctx)
 	if (write(e->efd, &one, sizeof(one)) < 0)
 		ursa_err("engine stop: %s", strerror(errno));
 	pthread_join(e->thr, NULL);
-	ursa_shm_engine_fini(e);
+	ursa_shm_engine_fini(&e->shm);
 	munmap(e->ctl, 4096);
 	close(e->ctl_fd);
 	close(e->epfd);
 	close(e->efd);
 	free(e);
 	ctx->eng = NULL;
+	ctx->shm = NULL;
 }

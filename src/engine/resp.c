@@ -176,14 +176,6 @@ static void put_refs(struct ursa_mem_ref *refs, uint32_t n)
 		ursa_mem_put(&refs[i]);
 }
 
-/* A message given up half way (QP state change, a gap on UC): nothing to
- * release, no reference outlives its packet */
-void ursa_rstate_drop(struct ursa_rstate *rs)
-{
-	if (rs)
-		rs->active = false;
-}
-
 /* SEND, SEND with immediate or invalidate, and the receive half of WRITE
  * with immediate (data already placed; only the WQE is consumed). A SEND
  * may arrive in fragments: the first takes the receive WQE (or RNRs), the

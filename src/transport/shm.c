@@ -29,6 +29,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+struct ursa_shm_up ursa_shm_up;
+
 static const uint64_t probe_value = 0x7572736170726f62ull; /* "ursaprob" */
 static volatile uint64_t probe_word = 0x7572736170726f62ull;
 
@@ -44,7 +46,7 @@ static void sock_name(struct sockaddr_un *sa, socklen_t *len, uint32_t qpn)
 	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
-static int epoll_add(struct ursa_engine *e, int fd, struct ursa_watch *w,
+static int epoll_add(struct ursa_shm_eng *e, int fd, struct ursa_watch *w,
 		     uint32_t events)
 {
 	struct epoll_event ev = { .events = events, .data.ptr = w };
@@ -77,8 +79,8 @@ int ursa_shm_listen(struct ursa_qp *qp, uint32_t qpn)
 	w->ptr = qp;
 	qp->listen_fd = fd;
 	qp->listen_watch = w;
-	if (qp->ctx->eng) {
-		ret = epoll_add(qp->ctx->eng, fd, w, EPOLLIN);
+	if (qp->ctx->shm) {
+		ret = epoll_add(qp->ctx->shm, fd, w, EPOLLIN);
 		if (ret) {
 			close(fd);
 			free(w);
@@ -92,7 +94,7 @@ int ursa_shm_listen(struct ursa_qp *qp, uint32_t qpn)
 
 void ursa_shm_unlisten(struct ursa_qp *qp)
 {
-	struct ursa_engine *e = qp->ctx->eng;
+	struct ursa_shm_eng *e = qp->ctx->shm;
 	struct ursa_watch *w = qp->listen_watch;
 
 	if (qp->listen_fd >= 0) {
@@ -138,7 +140,7 @@ static void chan_release(struct ursa_chan *c)
  * event the engine already fetched may still name the channel; it finds it
  * closed and ignores it.
  */
-static void chan_free(struct ursa_engine *e, struct ursa_chan *c)
+static void chan_free(struct ursa_shm_eng *e, struct ursa_chan *c)
 {
 	if (c->sock >= 0) {
 		if (e)
@@ -156,7 +158,7 @@ static void chan_free(struct ursa_engine *e, struct ursa_chan *c)
 	e->grave = c;
 }
 
-void ursa_shm_reap(struct ursa_engine *e)
+void ursa_shm_reap(struct ursa_shm_eng *e)
 {
 	while (e->grave) {
 		struct ursa_chan *c = e->grave;
@@ -173,14 +175,17 @@ void ursa_shm_reap(struct ursa_engine *e)
 	}
 }
 
-void ursa_shm_forget(struct ursa_chan *c)
+void ursa_shm_engine_forget(struct ursa_shm_eng *e)
 {
-	if (c->sock >= 0)
-		close(c->sock);
-	c->sock = -1;
+	for (struct ursa_chan *c = e->served; c; c = c->next) {
+		if (c->sock >= 0)
+			close(c->sock);
+		c->sock = -1;
+	}
+	e->epfd = -1;
 }
 
-void ursa_shm_engine_fini(struct ursa_engine *e)
+void ursa_shm_engine_fini(struct ursa_shm_eng *e)
 {
 	while (e->served) {
 		struct ursa_chan *c = e->served;
@@ -193,7 +198,7 @@ void ursa_shm_engine_fini(struct ursa_engine *e)
 	e->snap = NULL;
 }
 
-static void chan_dead(struct ursa_engine *e, struct ursa_chan *c)
+static void chan_dead(struct ursa_shm_eng *e, struct ursa_chan *c)
 {
 	if (c->state == URSA_CHAN_DEAD)
 		return;
@@ -310,7 +315,7 @@ static ssize_t recv_fds(int sock, void *msg, size_t len, int *fds, int max,
 
 static struct ursa_chan *chan_connect(struct ursa_qp *qp, uint32_t dqpn)
 {
-	struct ursa_engine *e = qp->ctx->eng;
+	struct ursa_shm_eng *e = qp->ctx->shm;
 	struct sockaddr_un sa;
 	struct ursa_chan *c;
 	struct ursa_shm_hello h = { 0 };
@@ -430,7 +435,7 @@ static void direct_setup(struct ursa_chan *c, int fd,
 }
 
 /* The target's answer to our hello. */
-static void chan_welcome(struct ursa_engine *e, struct ursa_chan *c)
+static void chan_welcome(struct ursa_shm_eng *e, struct ursa_chan *c)
 {
 	struct ursa_shm_welcome wl;
 	struct ucred cred;
@@ -490,7 +495,7 @@ static struct ursa_chan *chan_for(struct ursa_qp *qp, uint32_t dqpn)
 		    (qp->ex.qp_base.qp_type == IBV_QPT_UD ||
 		     (!c->was_ready && ursa_now_ns() - c->dead_ns > 10000000ull))) {
 			*pp = c->next;
-			chan_free(qp->ctx->eng, c);
+			chan_free(qp->ctx->shm, c);
 			break;
 		}
 		return c;
@@ -501,7 +506,7 @@ static struct ursa_chan *chan_for(struct ursa_qp *qp, uint32_t dqpn)
 
 		while ((*last)->next)
 			last = &(*last)->next;
-		chan_free(qp->ctx->eng, *last);
+		chan_free(qp->ctx->shm, *last);
 		*last = NULL;
 	}
 	return chan_connect(qp, dqpn);
@@ -509,7 +514,7 @@ static struct ursa_chan *chan_for(struct ursa_qp *qp, uint32_t dqpn)
 
 void ursa_shm_qp_close(struct ursa_qp *qp)
 {
-	struct ursa_engine *e = qp->ctx->eng;
+	struct ursa_shm_eng *e = qp->ctx->shm;
 
 	while (qp->chans) {
 		struct ursa_chan *c = qp->chans;
@@ -991,7 +996,7 @@ __attribute__((constructor)) static void shm_hooks(void)
 
 void ursa_shm_quiesce(struct ursa_ctx *ctx)
 {
-	struct ursa_engine *e = ctx->eng;
+	struct ursa_shm_eng *e = ctx->shm;
 
 	if (!e)
 		return;
@@ -1185,7 +1190,7 @@ wait_nocheck:
 /* --- responder side ------------------------------------------------------ */
 
 /* May another user's connection be served? Not beyond its share. */
-static bool foreign_room(struct ursa_engine *e, uid_t uid)
+static bool foreign_room(struct ursa_shm_eng *e, uid_t uid)
 {
 	unsigned int pending = 0, all = 0;
 
@@ -1198,7 +1203,7 @@ static bool foreign_room(struct ursa_engine *e, uid_t uid)
 	return pending < URSA_SHM_FOREIGN_PENDING && all < URSA_SHM_FOREIGN_CHANS;
 }
 
-static void accept_chan(struct ursa_engine *e, struct ursa_qp *qp)
+static void accept_chan(struct ursa_shm_eng *e, struct ursa_qp *qp)
 {
 	for (;;) {
 		int s = accept4(qp->listen_fd, NULL, NULL,
@@ -1265,7 +1270,7 @@ static bool owns_qpn(pid_t pid, uint32_t qpn)
 	return ok;
 }
 
-static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
+static void serve_hello(struct ursa_shm_eng *e, struct ursa_chan *c)
 {
 	struct ursa_shm_hello h;
 	struct ursa_shm_welcome wl = { URSA_SHM_MAGIC, URSA_SHM_VERSION, 0, 0,
@@ -1344,7 +1349,7 @@ static void serve_hello(struct ursa_engine *e, struct ursa_chan *c)
 	c->state = URSA_CHAN_READY;
 }
 
-void ursa_shm_event(struct ursa_engine *e, struct ursa_watch *w,
+void ursa_shm_event(struct ursa_shm_eng *e, struct ursa_watch *w,
 		    uint32_t events)
 {
 	struct ursa_chan *c;
@@ -1388,7 +1393,7 @@ static bool req_waiting(struct ursa_chan *c)
 	return t != h;
 }
 
-bool ursa_shm_serve_pending(struct ursa_engine *e)
+bool ursa_shm_serve_pending(struct ursa_shm_eng *e)
 {
 	for (struct ursa_chan *c = e->served; c; c = c->next)
 		if (req_waiting(c))
@@ -1528,7 +1533,7 @@ static void serve_one(struct ursa_chan *c, const struct ursa_wreq *q)
 		resp.ack = rc ? URSA_NAK_INV_REQ : URSA_DROPPED;
 		resp.why = URSA_WHY_OPCODE;
 	} else {
-		ursa_resp_execute(tqp, &r, &resp, &c->rs);
+		ursa_shm_up.execute(tqp, &r, &resp, &c->rs);
 		if (resp.ack == URSA_ACK && q->opcode == IBV_WR_RDMA_READ &&
 		    !(q->flags & WF_CMA))
 			out->inline_len = (uint32_t)q->len;
@@ -1546,7 +1551,7 @@ static void serve_one(struct ursa_chan *c, const struct ursa_wreq *q)
 	push_resp(c, out, olen + out->inline_len);
 }
 
-int ursa_shm_serve(struct ursa_engine *e)
+int ursa_shm_serve(struct ursa_shm_eng *e)
 {
 	int work = 0;
 
@@ -1598,7 +1603,7 @@ int ursa_shm_serve(struct ursa_engine *e)
 			{
 				uint64_t d = UINT64_MAX, now = 0;
 
-				ursa_req_process_lazy(c->qp, &now, &d);
+				ursa_shm_up.run_sq(c->qp, &now, &d);
 			}
 			serve_one(c, q);
 			work++;

@@ -35,8 +35,9 @@
 #ifndef URSA_SHM_H
 #define URSA_SHM_H
 
-#include "../engine/engine.h"
+#include "../core/core.h"
 #include "../core/pub.h"
+#include "../core/request.h"
 
 #define URSA_SHM_MAGIC 0x55525341u /* "URSA" */
 #define URSA_SHM_VERSION 4	/* 4: sealed memfds, verified source QPNs */
@@ -62,6 +63,34 @@ struct ursa_shm_welcome {
 	int32_t pub_fd;		/* the table's descriptor number in the target:
 				 * the requester's probe of /proc/<pid>/fd */
 	uint64_t probe_addr, probe_val;
+};
+
+/* The part of an engine other processes see: a shared page holding the
+ * "I am asleep" flag that decides whether a peer must ring the doorbell.
+ * Each engine writes its own (engine/engine.c); a peer maps it read-only
+ * from the handshake and reads it before ringing (ring_peer in shm.c). */
+struct ursa_ctl {
+	uint32_t magic;
+	uint32_t version;
+	atomic_int sleeping;	/* 1 while blocked (or about to block) */
+	int32_t pid;
+	/* version 2: while sleeping, when the engine wakes by itself
+	 * (CLOCK_MONOTONIC ns; UINT64_MAX: not before a doorbell) */
+	atomic_uint_fast64_t wake_by;
+	/* the last pass an application thread ran (ursa_engine_progress),
+	 * on a line of its own: that thread writes it, peers read it */
+	_Alignas(64) atomic_uint_fast64_t app_poll_ns;
+};
+
+/* What the engine's epoll set watches: the tag of each event. The engine
+ * has its doorbell and the RoCEv2 sockets; this transport adds a QP's
+ * listening socket and each channel's socket, whose events the engine
+ * hands to ursa_shm_event. */
+enum ursa_watch_kind { URSA_W_DOORBELL, URSA_W_LISTEN, URSA_W_CHAN, URSA_W_UDP };
+struct ursa_watch {
+	enum ursa_watch_kind kind;
+	void *ptr;		/* NULL once closed */
+	struct ursa_watch *next;
 };
 
 enum ursa_chan_state { URSA_CHAN_CONNECTING, URSA_CHAN_READY, URSA_CHAN_DEAD };
@@ -163,6 +192,34 @@ struct ursa_chan {
 	struct ursa_chan *next;
 };
 
+/* What this transport keeps per engine (struct ursa_engine holds one, and
+ * ctx->shm points to it while the engine runs). The descriptors are the
+ * engine's, copied in by it when it starts: its epoll set, where our
+ * sockets go (-1 in a fork child, whose engine is the parent's), and the
+ * control page and doorbell every hello and welcome hands to the peer. */
+struct ursa_shm_eng {
+	int epfd, ctl_fd, efd;
+	struct ursa_chan *served;  /* channels whose target QP is ours */
+	struct ursa_wreq *snap;	   /* ursa_shm_serve's copy of a request */
+	struct ursa_chan *grave;   /* closed, freed at the next pass */
+	struct ursa_watch *grave_watches;
+};
+
+/* Up-calls the engine registers (its constructor): the transport sits
+ * below the engine and calls it only through these. Set before any verb
+ * runs; ursa_shm_serve calls them without checking. */
+struct ursa_shm_up {
+	/* Execute a request from the ring on the target QP and fill the
+	 * answer (engine/resp.c ursa_resp_execute). */
+	void (*execute)(struct ursa_qp *tqp, const struct ursa_req *req,
+			struct ursa_resp *resp, struct ursa_rstate *rs);
+	/* Run a QP's send queue (engine/req.c ursa_req_process_lazy), so
+	 * that its answers from a peer complete before that peer's next
+	 * request is served. Returns the WQEs processed. */
+	int (*run_sq)(struct ursa_qp *qp, uint64_t *now, uint64_t *deadline);
+};
+extern struct ursa_shm_up ursa_shm_up;
+
 /* What one other user may hold of a process's channels (its own user may
  * hold anything: it could ptrace the process anyway): handshakes not
  * finished (URSA_SHM_FOREIGN_PENDING), and channels in all
@@ -176,13 +233,15 @@ void ursa_shm_unlisten(struct ursa_qp *qp);
 void ursa_shm_qp_close(struct ursa_qp *qp);
 
 /* Engine hooks (called with ctx->qp_lock held). */
-void ursa_shm_reap(struct ursa_engine *e);
-void ursa_shm_engine_fini(struct ursa_engine *e);
-void ursa_shm_forget(struct ursa_chan *c);
-void ursa_shm_event(struct ursa_engine *e, struct ursa_watch *w,
+void ursa_shm_reap(struct ursa_shm_eng *e);
+void ursa_shm_engine_fini(struct ursa_shm_eng *e);
+/* fork(): the child closes the served channels' sockets and leaves the
+ * epoll set (the engine closes it) to the parent. */
+void ursa_shm_engine_forget(struct ursa_shm_eng *e);
+void ursa_shm_event(struct ursa_shm_eng *e, struct ursa_watch *w,
 		    uint32_t events);
-int ursa_shm_serve(struct ursa_engine *e);
-bool ursa_shm_serve_pending(struct ursa_engine *e);
+int ursa_shm_serve(struct ursa_shm_eng *e);
+bool ursa_shm_serve_pending(struct ursa_shm_eng *e);
 
 /* Wait until no requester of this context's served channels may still be
  * using a table entry the owner just removed (MR deregistration). */
