@@ -188,6 +188,9 @@ struct ursa_udp_stats {
 	 * for them (one per QP per 50 us at most), CNPs received, and the
 	 * window cuts they made (one per round trip at most) */
 	uint64_t rx_ce, cnp_sent, cnp_rcvd, cnp_cuts;
+	/* selective repeat between ursa peers: packets a responder held out
+	 * of order, SACKs sent and received, packets resent alone */
+	uint64_t ooo_held, sacks_sent, sacks_rcvd, sr_resent;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

@@ -17,6 +17,9 @@
  *   rc_recv.c  receive dispatch: parse, QPN lookup, state and source
  *              checks, then the completer or the responder; a CE mark
  *              answered with a CNP
+ *   rc_sr.c    selective repeat between ursa peers: the responder holds
+ *              packets after a gap and answers with SACKs, the requester
+ *              resends only what they show missing
  *
  * retry_cnt and rnr_retry are taken only through ursa_retry_take and
  * ursa_rnr_retry_take (engine.h). Packets leave and arrive through the UDP
@@ -107,12 +110,28 @@ struct ursa_rc {
 	 * responses until the useful ones drowned (RETRY_EXC_ERR under 5 %
 	 * loss). */
 	const struct ursa_send_wqe *pipe_cool;
+	/* requester: selective repeat (rc_sr.c), one bit per PSN from una
+	 * (bit psn % URSA_SR_SLOTS): held by the responder, to resend,
+	 * resent since resent_at */
+	struct {
+		bool on;	/* the peer has sent a SACK */
+		uint32_t una;	/* the PSN the responder expects */
+		uint32_t nsacked, nwant;
+		uint64_t resent_at, cut_at;
+		uint64_t sacked[URSA_SR_SLOTS / 64], want[URSA_SR_SLOTS / 64],
+			 resent[URSA_SR_SLOTS / 64];
+	} sr;
 	bool timing;		/* one packet's round trip being timed */
 	uint32_t t_psn;
 	uint64_t t_sent;
 	/* responder */
 	uint32_t epsn, msn;
 	bool nak_sent, uc_broken;
+	/* packets held out of order (rc_sr.c), at psn % URSA_SR_SLOTS;
+	 * held_hi the highest */
+	struct rc_held **held;
+	uint32_t nheld, held_hi;
+	unsigned held_since_sack;
 	struct ursa_rstate rs;
 	uint64_t soff;		/* SEND in progress: bytes so far */
 	uint64_t wva, wlen, woff;	/* WRITE in progress */
@@ -181,6 +200,19 @@ bool rc_hold_request(struct ursa_qp *qp, struct ursa_rc *u,
 		     const struct roce_pkt *p, uint32_t f,
 		     const uint8_t *buf, size_t len, const addr_t *me,
 		     const addr_t *peer);
+
+/* rc_sr.c */
+void rc_sr_free_held(struct ursa_rc *u);
+bool rc_sr_hold(struct ursa_qp *qp, struct ursa_rc *u, const struct roce_pkt *p,
+		uint32_t f, uint32_t d, const addr_t *me, const addr_t *peer);
+void rc_sr_taken(struct ursa_rc *u, uint32_t psn);
+void rc_sr_drain(struct ursa_qp *qp, struct ursa_rc *u);
+void rc_sr_forget(struct ursa_rc *u);
+void rc_sr_advance(struct ursa_rc *u, uint32_t psn);
+void rc_sr_sack(struct ursa_rc *u, uint32_t psn, const uint8_t *bits,
+		unsigned nbits, uint32_t hi, uint64_t now);
+bool rc_sr_wants(const struct ursa_rc *u, uint32_t first, uint32_t n);
+int rc_sr_take(struct ursa_rc *u, uint32_t first, uint32_t n, uint64_t now);
 
 /* rc_ack.c */
 void rc_ack_emit(struct ursa_rc *u, bool along);

@@ -97,6 +97,7 @@ void rc_go_back(struct ursa_qp *qp, struct ursa_rc *u, bool atomic,
 	u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
 	u->ssthresh = MAX(URSA_UDP_WINDOW, u->cwnd);
 	u->cwnd_acc = 0;
+	rc_sr_forget(u);
 	if (u->m.is_read)
 		u->m.resend_read = true;
 	else
@@ -134,6 +135,7 @@ static void pipe_ack(struct ursa_qp *qp, struct ursa_rc *u, uint32_t last,
 		e->done = true;
 	}
 	if (moved) {
+		rc_sr_advance(u, psn_add(last, 1));
 		rtt_acked_psn(u, last, now);
 		u->m.deadline = rc_after(now, rc_timeout_ns(qp));
 		u->m.rto = rc_after(now, rc_rto_ns(qp));
@@ -168,6 +170,7 @@ void rc_pipe_collapse(struct ursa_rc *u)
 	}
 	u->next_psn = psn_add(e.first, e.npkts);
 	rc_pipe_drop(u);
+	rc_sr_forget(u);
 	u->timing = false;
 	if (e.is_read || e.is_atomic)
 		u->pipe_cool = e.wqe;
@@ -297,12 +300,40 @@ static void msg_acked(struct ursa_qp *qp, struct ursa_rc *u, uint32_t n)
 
 	rc_window_grow(qp, u, n - u->m.acked);
 	u->m.acked = n;
+	/* (a responder that held packets may acknowledge past what a go-back
+	 * has sent again: they need not go again) */
+	u->m.sent = MAX(u->m.sent, n);
 	u->m.progress = true;
+	rc_sr_advance(u, psn_add(u->m.first, n));
 	rtt_acked(u, u->m.acked, now);
 	u->m.deadline = rc_after(now, rc_timeout_ns(qp));
 	u->m.rto = rc_after(now, rc_rto_ns(qp));
 	if (u->m.acked == u->m.npkts)
 		u->m.done = true;
+}
+
+/*
+ * A NAK with a SACK (selective repeat, rc_sr.c) while WRITEs and SENDs are
+ * in flight: the cumulative ACK of the PSNs before the NAK's, and what the
+ * responder holds after it; nothing goes back. Returns whether it was
+ * taken here (else it is a plain NAK: go back).
+ */
+static bool take_sack(struct ursa_qp *qp, struct ursa_rc *u,
+		      const struct roce_pkt *p)
+{
+	const uint8_t *bits;
+	unsigned nbits;
+	uint32_t idx = (p->psn - u->m.first) & 0xffffff;
+	uint64_t now = ursa_now_ns();
+
+	if (rc_pipe_class(u->m.op) != 1 || roce_sack_parse(p, &bits, &nbits))
+		return false;
+	if (u->pipe_n)
+		pipe_ack(qp, u, psn_add(p->psn, 0xffffff), now);
+	if (idx <= u->m.sent && idx > u->m.acked)
+		msg_acked(qp, u, idx);
+	rc_sr_sack(u, p->psn, bits, nbits, u->psn_hi, now);
+	return true;
 }
 
 /* A READ response packet for the message in flight: placed if it is the
@@ -353,6 +384,8 @@ void rc_on_response(struct ursa_qp *qp, struct ursa_rc *u,
 		atomic_fetch_add(&ursa_udp_cnt.drop_stale, 1);
 		return;
 	}
+	if (p->sr && p->paylen && take_sack(qp, u, p))
+		return;
 	idx = (p->psn - u->m.first) & 0xffffff;
 	if (u->pipe_n && pipe_answer(qp, u, p, f, idx))
 		return;
@@ -418,6 +451,8 @@ static int take_nak(struct ursa_qp *qp, struct ursa_rc *u, bool atomic,
 
 	u->m.nak = 0;
 	atomic_fetch_add(&ursa_udp_cnt.naks_rcvd, 1);
+	if ((syn & AETH_TYPE_MASK) == AETH_RNR || syn == AETH_NAK_PSN)
+		rc_sr_forget(u);	/* (go back) */
 	atomic_fetch_add((syn & AETH_TYPE_MASK) == AETH_RNR ? &qp->cnt.rnr_rcvd :
 			 syn == AETH_NAK_PSN ? &qp->cnt.naks_seq :
 			 syn == AETH_NAK_ACCESS ? &qp->cnt.naks_access :

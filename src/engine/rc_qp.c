@@ -39,6 +39,7 @@ void ursa_rc_qp_fini(struct ursa_qp *qp)
 		return;
 	rc_ack_flush(u, true);
 	free(u->stash);
+	rc_sr_free_held(u);
 	ursa_rstate_drop(&u->rs);
 	ursa_udp_ep_close(&u->ep);
 	pthread_mutex_destroy(&u->lock);
@@ -128,6 +129,7 @@ void ursa_rc_qp_modified(struct ursa_qp *qp, int mask)
 		u->epsn = qp->attr.rq_psn;
 		u->nak_sent = false;
 		memset(u->rres, 0, sizeof(u->rres));
+		rc_sr_free_held(u);
 	}
 	if (mask & IBV_QP_SQ_PSN)
 		u->next_psn = u->psn_hi = qp->attr.sq_psn;
@@ -135,9 +137,13 @@ void ursa_rc_qp_modified(struct ursa_qp *qp, int mask)
 		u->m.active = false;
 		rc_pipe_drop(u);
 		u->pipe_cool = NULL;
+		rc_sr_forget(u);
+		u->sr.on = false;
 		ursa_rstate_drop(&u->rs);
-		if (!rc_can_receive(qp->attr.qp_state))
+		if (!rc_can_receive(qp->attr.qp_state)) {
 			__atomic_store_n(&u->stash_len, 0, __ATOMIC_RELAXED);
+			rc_sr_free_held(u);
+		}
 	}
 	pthread_mutex_unlock(&u->lock);
 }

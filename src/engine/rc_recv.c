@@ -76,7 +76,7 @@ static void dispatch(struct ursa_qp *qp, const struct roce_pkt *p,
 			if (qp->ctx->eng && qp->ctx != ursa_pass_ctx)
 				ursa_engine_kick(qp->ctx->eng);
 			else if (qp->ctx == ursa_pass_ctx)
-				decided = u->m.done || u->m.nak ||
+				decided = u->m.done || u->m.nak || u->sr.nwant ||
 					  (u->pipe_n && (PIPE(u, 0)->done ||
 							 u->pipe_nak ||
 							 u->pipe_gap));
@@ -91,8 +91,10 @@ static void dispatch(struct ursa_qp *qp, const struct roce_pkt *p,
 			rc_send_cnp(qp, u, src, dst);
 		if (u->stash_len)
 			rc_run_held(qp, u);	/* in PSN order */
-		if (!rc_hold_request(qp, u, p, f, buf, len, dst, src))
+		if (!rc_hold_request(qp, u, p, f, buf, len, dst, src)) {
 			rc_on_request(qp, u, p, dst, src);
+			rc_sr_drain(qp, u);
+		}
 	}
 	pthread_mutex_unlock(&u->lock);
 	ursa_udp_flush_soon();

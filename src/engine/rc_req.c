@@ -57,18 +57,30 @@ static bool ack_wanted(const struct ursa_qp *qp, const struct ursa_rc *u,
 		k + 1 == u->m.acked + u->cwnd);
 }
 
-/* Send packet k of the message. */
+/* Where a message's packets go: its first PSN, packets, path MTU */
+struct msg_at {
+	uint32_t first, npkts, mtu;
+};
+
+/* Whether this QP's requests ask for selective repeat (rc_sr.c) */
+static bool sr_asked(const struct ursa_qp *qp)
+{
+	return qp->ex.qp_base.qp_type == IBV_QPT_RC && ursa_cfg()->sr;
+}
+
+/* Send packet k of message at; ackreq: whether it asks for an ACK. */
 static void send_data_pkt(struct ursa_qp *qp, struct ursa_rc *u,
 			  const struct ursa_req *r, const struct ursa_send_wqe *w,
-			  uint32_t k, const addr_t *src, const addr_t *dst)
+			  const struct msg_at *at, uint32_t k, bool ackreq,
+			  const addr_t *src, const addr_t *dst)
 {
 	/* built where the batch will send it from: one copy, from the MR
 	 * (none: not sent, see struct txbatch in transport/udp.c) */
 	uint8_t *buf = ursa_udp_slot();
 	struct roce_pkt p = { 0 };
-	uint64_t off = (uint64_t)k * u->m.mtu;
-	uint32_t len = (uint32_t)MIN((uint64_t)u->m.mtu, r->msg_len - off);
-	bool first = k == 0, last = k + 1 == u->m.npkts;
+	uint64_t off = (uint64_t)k * at->mtu;
+	uint32_t len = (uint32_t)MIN((uint64_t)at->mtu, r->msg_len - off);
+	bool first = k == 0, last = k + 1 == at->npkts;
 	bool ud = qp->ex.qp_base.qp_type == IBV_QPT_UD;
 	struct ursa_sg part[URSA_MAX_SGE];
 	uint8_t *pay, ttl;
@@ -82,14 +94,17 @@ static void send_data_pkt(struct ursa_qp *qp, struct ursa_rc *u,
 			     req_opcode(r->opcode, first, last, false));
 	p.pkey = ROCE_DEFAULT_PKEY;
 	p.dqpn = ud ? w->remote_qpn : qp->attr.dest_qp_num;
-	p.psn = psn_add(u->m.first, k);
+	p.psn = psn_add(at->first, k);
 	p.se = last && r->solicited;
-	p.ackreq = ack_wanted(qp, u, k, last);
+	p.ackreq = ackreq;
+	p.sr = sr_asked(qp);
 	if (!first && !last) {
 		/* a MIDDLE packet (RC, UC): the BTH, then a whole MTU of
 		 * payload (a multiple of 4: no pad); most of a stream */
 		roce_bth_put(buf, p.opcode, false, false, 0, p.pkey, p.dqpn,
 			     p.ackreq, p.psn);
+		if (p.sr)
+			buf[4] = ROCE_BTH4_SR;	/* (masked in the ICRC) */
 		pay = buf + ROCE_BTH_LEN;
 		n = (int)(ROCE_BTH_LEN + len + ROCE_ICRC_LEN);
 	} else {
@@ -197,11 +212,37 @@ static void send_atomic(struct ursa_qp *qp, struct ursa_rc *u,
 		      false);
 }
 
-/* Packets of m that may go out now (the window counts the pipe's too). */
+/* Would more packets of m, beyond those out already, fit the window? The
+ * window counts the pipe's packets too, but not those the responder
+ * holds out of order (selective repeat), and never spans more PSNs than
+ * the responder can hold. */
+static bool window_has(const struct ursa_rc *u, uint32_t more)
+{
+	uint32_t out = u->pipe_out + more;
+
+	return out - MIN(out, u->sr.nsacked) < u->cwnd &&
+	       (!u->sr.on || out < URSA_SR_SLOTS - 1);
+}
+
+/* Packets of m that may go out now. */
 static bool window_open(const struct ursa_rc *u)
 {
 	return !u->m.is_read && u->m.sent < u->m.npkts &&
-	       u->pipe_out + (u->m.sent - u->m.acked) < u->cwnd;
+	       window_has(u, u->m.sent - u->m.acked);
+}
+
+/* Are packets of w wanted again (sr_resend)? */
+static bool sr_wanted(const struct ursa_rc *u, const struct ursa_send_wqe *w)
+{
+	if (!u->sr.nwant)
+		return false;
+	if (u->pipe_n && PIPE(u, 0)->wqe == w)
+		return rc_sr_wants(u, psn_add(PIPE(u, 0)->first,
+					      PIPE(u, 0)->acked),
+				   PIPE(u, 0)->npkts - PIPE(u, 0)->acked);
+	return u->m.active && u->m.wqe == w &&
+	       rc_sr_wants(u, psn_add(u->m.first, u->m.acked),
+			   u->m.sent - u->m.acked);
 }
 
 static bool can_start(struct ursa_qp *qp, const struct ursa_rc *u,
@@ -215,7 +256,7 @@ static bool can_start(struct ursa_qp *qp, const struct ursa_rc *u,
 	       (c != 2 || (u->pipe_n + 2 <= qp->attr.max_rd_atomic &&
 			   !u->pipe_cool)) &&
 	       u->m.sent == u->m.npkts && u->pipe_n < URSA_UDP_PIPE &&
-	       u->pipe_out + (u->m.npkts - u->m.acked) < u->cwnd &&
+	       window_has(u, u->m.npkts - u->m.acked) &&
 	       u->m.mtu == rc_mtu_of(qp);
 }
 
@@ -259,6 +300,8 @@ bool ursa_rc_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 {
 	struct ursa_rc *u = qp->rc;
 
+	if (u && sr_wanted(u, w))
+		return true;
 	if (u && u->pipe_n && PIPE(u, 0)->wqe == w)
 		return PIPE(u, 0)->done || u->pipe_nak || u->pipe_gap ||
 		       now >= u->m.deadline ||
@@ -323,6 +366,8 @@ static bool send_mid(struct ursa_qp *qp, struct ursa_rc *u,
 		roce_bth_put(buf, u->m.mid_op, false, false, 0,
 			     ROCE_DEFAULT_PKEY, qp->attr.dest_qp_num,
 			     ack_wanted(qp, u, k, false), psn_add(u->m.first, k));
+		if (sr_asked(qp))
+			buf[4] = ROCE_BTH4_SR;	/* (masked in the ICRC) */
 		reg = roce_crc32_4(u->m.mid_reg, buf + 8);
 		at = buf + ROCE_BTH_LEN;
 		for (uint32_t i = 0; i < np; i++) {
@@ -350,8 +395,13 @@ static void send_more(struct ursa_qp *qp, struct ursa_rc *u,
 			u->m.hiwat = k + 1;
 		}
 		if (k == 0 || k + 1 >= u->m.npkts || u->m.is_read ||
-		    !send_mid(qp, u, r, k, src, dst))
-			send_data_pkt(qp, u, r, w, k, src, dst);
+		    !send_mid(qp, u, r, k, src, dst)) {
+			struct msg_at at = { u->m.first, u->m.npkts, u->m.mtu };
+
+			send_data_pkt(qp, u, r, w, &at, k,
+				      ack_wanted(qp, u, k, k + 1 == u->m.npkts),
+				      src, dst);
+		}
 		u->m.sent++;
 		psn_sent(u, psn_add(u->m.first, u->m.sent));
 	}
@@ -446,6 +496,43 @@ static int msg_send(struct ursa_qp *qp, struct ursa_rc *u,
 	return 0;
 }
 
+/*
+ * Selective repeat (rc_sr.c): resend, alone, the packets of w that a SACK
+ * showed missing, w being the oldest message of the pipe or the one in
+ * flight (a later message of the pipe resends when it is the oldest: its
+ * WQE's step has its request). Each asks for an ACK, which tells how the
+ * gap it fills went.
+ */
+static void sr_resend(struct ursa_qp *qp, struct ursa_rc *u,
+		      const struct ursa_send_wqe *w, const struct ursa_req *r,
+		      const addr_t *src, const addr_t *dst, uint64_t now)
+{
+	struct msg_at at;
+	uint32_t from, to;
+	int k;
+
+	if (u->pipe_n && PIPE(u, 0)->wqe == w) {
+		const struct upipe *e = PIPE(u, 0);
+
+		if (e->is_read || e->is_atomic || e->done)
+			return;
+		at = (struct msg_at){ e->first, e->npkts, e->mtu };
+		from = e->acked;
+		to = e->npkts;
+	} else if (u->m.active && u->m.wqe == w && !u->m.is_read &&
+		   !rc_is_atomic_op(u->m.op) && !u->m.nak) {
+		at = (struct msg_at){ u->m.first, u->m.npkts, u->m.mtu };
+		from = u->m.acked;
+		to = u->m.sent;
+	} else {
+		return;
+	}
+	while (from < to && (k = rc_sr_take(u, psn_add(at.first, from),
+					    to - from, now)) >= 0)
+		send_data_pkt(qp, u, r, w, &at, from + (uint32_t)k, true, src,
+			      dst);
+}
+
 /* ursa_rc_step under the QP's lock. */
 static int step(struct ursa_qp *qp, struct ursa_rc *u, struct ursa_send_wqe *w,
 		const struct ursa_req *r, uint64_t now, struct ursa_resp *resp,
@@ -454,6 +541,8 @@ static int step(struct ursa_qp *qp, struct ursa_rc *u, struct ursa_send_wqe *w,
 	const addr_t *src = &r->sgid, *dst = &r->dgid;
 	int ret;
 
+	if (u->sr.nwant)
+		sr_resend(qp, u, w, r, src, dst, now);
 	if (u->pipe_n && PIPE(u, 0)->wqe == w) {
 		/* the oldest message in flight: done, waiting, or taken
 		 * back (then on as the message in flight) */

@@ -122,6 +122,10 @@ static bool psn_check(struct ursa_qp *qp, struct ursa_rc *u,
 		int32_t d = psn_cmp(p->psn, u->epsn);
 
 		if (d > 0) {
+			/* held for its turn (selective repeat, rc_sr.c) */
+			if (rc_sr_hold(qp, u, p, f,
+				       (p->psn - u->epsn) & 0xffffff, me, peer))
+				return false;
 			/* a gap: one NAK per gap (IBTA 9.7.5.1.1) */
 			atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
 			atomic_fetch_add(&qp->cnt.drops, 1);
@@ -155,6 +159,7 @@ static bool psn_check(struct ursa_qp *qp, struct ursa_rc *u,
 			return false;
 		}
 		u->nak_sent = false;
+		rc_sr_taken(u, p->psn);
 	} else if (t == IBV_QPT_UC) {
 		/* UC: a FIRST/ONLY starts over; after a gap the rest of the
 		 * message is dropped (IBTA 9.8.3) */
@@ -407,6 +412,8 @@ void rc_run_held(struct ursa_qp *qp, struct ursa_rc *u)
 	struct roce_pkt p;
 
 	__atomic_store_n(&u->stash_len, 0, __ATOMIC_RELAXED);
-	if (len && !roce_parse(u->stash, len, &p) && rc_can_receive(qp_state(qp)))
+	if (len && !roce_parse(u->stash, len, &p) && rc_can_receive(qp_state(qp))) {
 		rc_on_request(qp, u, &p, &u->stash_me, &u->stash_peer);
+		rc_sr_drain(qp, u);
+	}
 }

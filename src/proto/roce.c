@@ -130,6 +130,7 @@ int roce_parse(const uint8_t *buf, size_t len, struct roce_pkt *p)
 	p->dqpn = get24(buf + 5);
 	p->ackreq = buf[8] & 0x80;
 	p->becn = buf[4] & 0x40;
+	p->sr = buf[4] & ROCE_BTH4_SR;
 	p->psn = get24(buf + 9);
 	h = buf + ROCE_BTH_LEN;
 	if (f & H_DETH) {
@@ -174,6 +175,12 @@ int roce_parse(const uint8_t *buf, size_t len, struct roce_pkt *p)
 	if (body & 3)
 		return -EBADMSG;
 	if (!(f & P_PAYLOAD)) {
+		if (body && (p->opcode & 0x1f) == OP_ACK && p->sr &&
+		    !p->padcnt && body <= roce_sack_len(ROCE_SACK_MAX_BITS)) {
+			p->payload = h;	/* a SACK (roce_sack_parse) */
+			p->paylen = (uint32_t)body;
+			return 0;
+		}
 		if (body || p->padcnt)
 			return -EBADMSG;
 		return 0;
@@ -185,6 +192,23 @@ int roce_parse(const uint8_t *buf, size_t len, struct roce_pkt *p)
 	return 0;
 }
 
+int roce_sack_parse(const struct roce_pkt *p, const uint8_t **bits,
+		    unsigned *nbits)
+{
+	unsigned n;
+
+	if ((p->opcode & 0x1f) != OP_ACK || !p->sr ||
+	    p->syndrome != AETH_NAK_PSN || p->paylen < 4 || !p->payload)
+		return -EBADMSG;
+	n = (unsigned)p->payload[0] << 8 | p->payload[1];
+	if (n > ROCE_SACK_MAX_BITS || p->payload[2] || p->payload[3] ||
+	    p->paylen != roce_sack_len(n))
+		return -EBADMSG;
+	*bits = p->payload + 4;
+	*nbits = n;
+	return 0;
+}
+
 int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 	       const void *payload, uint32_t paylen)
 {
@@ -193,7 +217,9 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 	uint8_t pad = (uint8_t)((4 - (paylen & 3)) & 3);
 	uint8_t *h;
 
-	if (!f || (!(f & P_PAYLOAD) && paylen))
+	bool sack = (p->opcode & 0x1f) == OP_ACK && p->sr;
+
+	if (!f || (!(f & P_PAYLOAD) && paylen && !(sack && !(paylen & 3))))
 		return -EINVAL;
 	if (!(f & P_PAYLOAD))
 		pad = 0;
@@ -203,6 +229,8 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 		     p->ackreq, p->psn);
 	if (p->becn)
 		buf[4] = 0x40;
+	if (p->sr)
+		buf[4] |= ROCE_BTH4_SR;
 	h = buf + ROCE_BTH_LEN;
 	if (f & H_DETH) {
 		put32(h, p->qkey);

@@ -79,6 +79,25 @@ static inline void roce_bth_put(uint8_t *b, uint8_t opcode, bool se, bool mig,
 }
 const char *roce_opcode_name(uint8_t opcode);
 
+/*
+ * Selective repeat, ursa's extension between ursa peers. A requester that
+ * can resend single packets sets ROCE_BTH4_SR, a reserved bit of the BTH's
+ * fifth byte (resv6a, IBTA 9.2: ignored by receivers, and masked in the
+ * ICRC with FECN and BECN, so rxe and NICs take such packets as they are).
+ * A responder that holds out-of-order packets for such a requester answers
+ * a gap with a PSN-sequence NAK carrying a SACK after its AETH (with the
+ * bit set too): a 4-byte header (the number of bits, 16 bits, then zero)
+ * and the bitmap, padded to whole 32-bit words, bit i (byte i / 8, bit
+ * i % 8) telling whether PSN nak.psn + 1 + i arrived. Never sent to a
+ * requester that did not set the bit.
+ */
+#define ROCE_BTH4_SR 0x01
+#define ROCE_SACK_MAX_BITS 2048
+static inline unsigned roce_sack_len(unsigned nbits)
+{
+	return 4 + (nbits + 31) / 32 * 4;
+}
+
 /* AETH syndrome (IBTA 9.3.5, table 42). */
 enum {
 	AETH_ACK = 0x00, AETH_RNR = 0x20, AETH_NAK = 0x60,
@@ -93,6 +112,7 @@ struct roce_pkt {
 	uint8_t opcode;
 	bool se, mig, ackreq;
 	bool becn;		/* BTH byte 4 bit 6 (set in CNPs) */
+	bool sr;		/* BTH byte 4 ROCE_BTH4_SR (ursa's extension) */
 	uint8_t padcnt;
 	uint16_t pkey;
 	uint32_t dqpn;		/* 24 bits */
@@ -124,6 +144,12 @@ struct roce_pkt {
  */
 int roce_parse(const uint8_t *buf, size_t len, struct roce_pkt *p);
 
+/*
+ * The SACK of a NAK (see ROCE_BTH4_SR): its bitmap and number of bits, or
+ * -EBADMSG when p is not a NAK with a well-formed SACK.
+ */
+int roce_sack_parse(const struct roce_pkt *p, const uint8_t **bits,
+		    unsigned *nbits);
 /*
  * Build headers, payload and pad into buf (cap bytes); the ICRC's 4 bytes
  * are reserved but not written. Returns the length including the ICRC, or

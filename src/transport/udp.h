@@ -207,6 +207,8 @@ struct ursa_udp_counters {
 	 * (at most one per QP per URSA_CNP_GAP_NS), CNPs received, and the
 	 * window cuts they made */
 	atomic_uint_fast64_t rx_ce, cnp_sent, cnp_rcvd, cnp_cuts;
+	/* selective repeat (engine/rc_sr.c) */
+	atomic_uint_fast64_t ooo_held, sacks_sent, sacks_rcvd, sr_resent;
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

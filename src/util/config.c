@@ -62,6 +62,8 @@ static const struct var vars[] = {
 	F(gro, "URSA_GRO", 1, "UDP receive offload (GRO) for RoCEv2"),
 	F(ecn, "URSA_ECN", 1,
 	  "RoCEv2 packets ECN-capable; congestion marks answered with CNPs, CNPs slow the sender"),
+	F(sr, "URSA_SR", 1,
+	  "selective repeat between ursa peers: lost RoCEv2 packets resent alone, the rest held"),
 	N(ack_delay_us, "URSA_ACK_DELAY_US", 50, 0, 500,
 	  "how long a RoCEv2 responder may hold an ACK to send it with its next packet (us)"),
 	N(rto_us, "URSA_RTO_US", 1000, 10, 10000000,

@@ -52,6 +52,10 @@
 #define URSA_UDP_WINDOW_MAX 2048
 #define URSA_UDP_WINDOW_MIN 16
 #define URSA_UDP_ACKREQ_EVERY 64  /* packets between AckReq bits */
+/* selective repeat (engine/rc_sr.c): out-of-order packets a responder
+ * holds (one SACK bit each), and a SACK at least every this many */
+#define URSA_SR_SLOTS 2048
+#define URSA_SR_SACK_EVERY 8
 #define URSA_UDP_PIPE 32	/* messages in flight per QP before the newest */
 #define URSA_UDP_MAX_PKT (4096 + 128)
 #define URSA_UDP_GRO_BUF 65536	/* a receive may hold a coalesced run */

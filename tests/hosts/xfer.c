@@ -534,12 +534,15 @@ static void print_counters(void)
 		       " duplicated %" PRIu64 " reordered %" PRIu64 " corrupted %" PRIu64
 		       ", forwarded %" PRIu64 " (dropped %" PRIu64 "), GSO runs sent %" PRIu64
 		       " received whole %" PRIu64 ", packets with an IPv4 ID %" PRIu64
-		       ", CNPs received %" PRIu64 " window cuts %" PRIu64 "\n",
+		       ", CNPs received %" PRIu64 " window cuts %" PRIu64
+		       ", held out of order %" PRIu64 ", SACKs received %" PRIu64
+		       ", resent alone %" PRIu64 "\n",
 		       st.tx_pkts, st.rx_pkts, st.retransmits, st.naks_sent,
 		       st.naks_rcvd, st.drop_icrc, st.drop_psn, st.dup,
 		       st.fault_lost, st.fault_dup, st.fault_reorder, st.fault_corrupt,
 		       st.forwarded, st.drop_fwd, st.tx_gso, st.rx_gro, st.rx_ipid,
-		       st.cnp_rcvd, st.cnp_cuts);
+		       st.cnp_rcvd, st.cnp_cuts, st.ooo_held, st.sacks_rcvd,
+		       st.sr_resent);
 }
 
 /* The delayed ACK, three ways (see the top of the file). */

@@ -246,6 +246,19 @@ ecn_check() {
 	fi
 	ip netns exec $R iptables -t mangle -F FORWARD
 }
+# Selective repeat (engine/rc_sr.c) under loss: the client's counters
+# show SACKs received and packets resent alone (want 1), or none at all
+# (want 0: the responder goes back as IBTA's go-back-N does).
+sr_check() { # LOSS WANT
+	sr=$(sed -n 's/.*SACKs received \([0-9]*\), resent alone \([0-9]*\).*/\1 \2/p' "$tmp/c")
+	if [ "$2" = 1 ] && [ "${sr%% *}" -gt 0 ] 2>/dev/null && [ "${sr##* }" -gt 0 ]; then
+		ok "  selective repeat: ${sr%% *} SACKs, ${sr##* } packets resent alone"
+	elif [ "$2" = 0 ] && [ "$sr" = "0 0" ]; then
+		ok "  no SACK from a responder that does not hold packets"
+	else
+		bad "  selective repeat under $1 loss" "SACKs, resent: ${sr:-?} (want $2)"
+	fi
+}
 if command -v ethtool >/dev/null && offloads off; then
 	ip netns exec $H1 ethtool -K v1h gro on >/dev/null 2>&1
 	ip netns exec $H2 ethtool -K v2h gro on >/dev/null 2>&1
@@ -254,8 +267,17 @@ if command -v ethtool >/dev/null && offloads off; then
 			--mode random --probability $p -j DROP 2>/dev/null || break
 		SRV_ENV="XFER_RETRY_CNT=3 XFER_QP_TIMEOUT=14" CLI_ENV="XFER_RETRY_CNT=3 XFER_QP_TIMEOUT=14" \
 			xfer_pair "RC 16 MiB, segmented path, $p loss on the router, retry_cnt 3 timeout 14" 16
+		sr_check "$p" 1
 		ip netns exec $R iptables -F FORWARD
 	done
+	# a responder that does not hold packets (URSA_SR=0, as rxe or a
+	# NIC): plain NAKs, the requester goes back, nothing is lost
+	ip netns exec $R iptables -A FORWARD -p udp --dport 4791 -m statistic \
+		--mode random --probability 0.05 -j DROP 2>/dev/null &&
+	SRV_ENV="URSA_SR=0 XFER_RETRY_CNT=3 XFER_QP_TIMEOUT=14" CLI_ENV="XFER_RETRY_CNT=3 XFER_QP_TIMEOUT=14" \
+		xfer_pair "RC 4 MiB, 0.05 loss, a responder with URSA_SR=0 (go-back-N)" 4 &&
+	sr_check 0.05 0
+	ip netns exec $R iptables -F FORWARD
 	ecn_check
 	offloads on
 else
