@@ -213,19 +213,37 @@ struct ursa_send_wqe {
 	struct ursa_mw *mw;
 	uint32_t mw_new_rkey;
 	struct ibv_mw_bind_info bind;
-	/* engine scratch */
-	uint32_t rnr_left, retry_left;
-	uint64_t not_before_ns;
-	bool started;
-	bool inflight;		   /* shm: request pushed, awaiting answer */
-	bool connecting;	   /* shm: waiting for the channel */
-	bool via_udp;		   /* the target is on another host */
-	bool piped;		   /* udp: sent whole, waiting for its ACK
-				    * behind others (engine/rc_qp.c, pipelining) */
-	bool refused;		   /* ... refused before it left behind the
-				    * head: it completes as the head */
-	uint64_t xfer_off;	   /* shm: bytes of the message acknowledged */
-	uint64_t deadline_ns;	   /* shm: when the answer is overdue */
+	/*
+	 * The requester's state while the WQE executes. It lives in the
+	 * slot rather than beside the QP because slots are reused, one WQE
+	 * after another and several in flight at once on RoCEv2: every
+	 * post's memset up to sge[] (fill_wqe, and the bind and
+	 * ibv_wr_* posts) resets all of it for free, so a new WQE never
+	 * sees a field its slot's last occupant left. Keep it above sge[].
+	 */
+	/* (a) every transport: engine/req.c and core/request.h */
+	uint32_t rnr_left, retry_left; /* IBTA retry counts (request.h) */
+	uint64_t not_before_ns;	   /* waiting: not to be tried before */
+	uint64_t deadline_ns;	   /* in flight: when the answer is overdue
+				    * (set by transport/shm.c and
+				    * engine/rc_req.c, read by req.c) */
+	bool started;		   /* begun, retry counts set (req.c);
+				    * core/qp.c reads it to skip the doorbell */
+	bool inflight;		   /* sent, awaiting its answer (shm.c,
+				    * rc_req.c) */
+	bool via_udp;		   /* the target is on another host (req.c);
+				    * core/qp.c reads it to skip the doorbell */
+	bool refused;		   /* behind the RoCEv2 head, refused before
+				    * it left (req.c pipe_walk): it
+				    * completes as the head */
+	/* (b) one transport's private scratch, named after its owner */
+	bool piped;		   /* engine/rc_qp.c, rc_req.c: sent whole,
+				    * waiting for its ACK behind others in
+				    * the RC pipe */
+	struct {		   /* transport/shm.c */
+		bool connecting;   /* waiting for the channel */
+		uint64_t xfer_off; /* bytes of the message acknowledged */
+	} shm;
 	struct ibv_sge sge[URSA_MAX_SGE];
 	uint8_t inline_data[URSA_MAX_INLINE];
 };

@@ -569,7 +569,7 @@ static bool wqe_due(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 	if (w->via_udp && w->inflight)
 		return ursa_rc_ready(qp, w, now) ||
 		       pipe_walk(qp, NULL, NULL, false);
-	if (w->inflight || w->connecting)
+	if (w->inflight || w->shm.connecting)
 		return ursa_shm_ready(qp, w, now);
 	return w->not_before_ns <= now;
 }

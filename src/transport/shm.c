@@ -558,7 +558,7 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 	bool rd = r->opcode == IBV_WR_RDMA_READ;
 	bool at = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		  r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-	uint64_t total = r->msg_len, off = w->xfer_off, flen;
+	uint64_t total = r->msg_len, off = w->shm.xfer_off, flen;
 	struct ursa_sg part[URSA_MAX_SGE];
 
 	w->inflight = true;
@@ -976,7 +976,7 @@ bool ursa_shm_direct(struct ursa_qp *qp, struct ursa_send_wqe *w,
 
 	/* (a SEND or a WRITE with immediate needs the target's receive) */
 	if ((!rd && !at && r->opcode != IBV_WR_RDMA_WRITE) ||
-	    (w && (w->inflight || w->xfer_off)) ||
+	    (w && (w->inflight || w->shm.xfer_off)) ||
 	    qp->ex.qp_base.qp_type == IBV_QPT_UD || !(c = direct_chan(qp)))
 		return false;
 	memset(resp, 0, sizeof(*resp));
@@ -1041,7 +1041,7 @@ bool ursa_shm_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 {
 	struct ursa_chan *c;
 
-	if (w->connecting) {
+	if (w->shm.connecting) {
 		/* waiting for the welcome (or the refusal) */
 		for (c = qp->chans; c; c = c->next)
 			if (c->state != URSA_CHAN_CONNECTING)
@@ -1072,10 +1072,11 @@ static void take_answer(struct ursa_chan *c, struct ursa_send_wqe *w,
 	if (resp->ack == URSA_ACK && r->opcode == IBV_WR_RDMA_READ && p->inline_len) {
 		/* Inline READ data lands in our own WQE's buffers (checked by
 		 * the requester), never where the peer says. */
-		uint64_t n = MIN((uint64_t)p->inline_len, r->msg_len - w->xfer_off);
+		uint64_t off = w->shm.xfer_off;
+		uint64_t n = MIN((uint64_t)p->inline_len, r->msg_len - off);
 		struct ursa_sg part[URSA_MAX_SGE];
 		struct ursa_sg s = { (uintptr_t)p->data, n };
-		uint32_t k = ursa_sg_slice(r->dst, r->ndst, w->xfer_off, n, part);
+		uint32_t k = ursa_sg_slice(r->dst, r->ndst, off, n, part);
 
 		ursa_sg_copy(part, k, &s, 1, n);
 	}
@@ -1122,7 +1123,7 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	struct ursa_chan *c = chan_for(qp, dqpn & 0xffffff);
 
 	memset(resp, 0, sizeof(*resp));
-	w->connecting = false;
+	w->shm.connecting = false;
 	/* A peer may answer and then exit: its answer counts even if the
 	 * channel died right after. */
 	if (c && c->state == URSA_CHAN_DEAD && c->mem && w->inflight &&
@@ -1144,7 +1145,7 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		goto wait;
 	}
 	if (c->state == URSA_CHAN_CONNECTING) {
-		w->connecting = true;
+		w->shm.connecting = true;
 		*until = now + 1000000000ull; /* the welcome wakes us earlier */
 		return 0;
 	}
@@ -1169,12 +1170,13 @@ answered:
 	/* Acknowledged a fragment: the next one goes now. */
 	{
 		uint64_t sent = (r->msg_len <= URSA_SHM_INLINE || !c->cma) ?
-			MIN(r->msg_len - w->xfer_off, (uint64_t)URSA_SHM_INLINE) :
+			MIN(r->msg_len - w->shm.xfer_off,
+			    (uint64_t)URSA_SHM_INLINE) :
 			r->msg_len;
 
-		w->xfer_off += sent;
+		w->shm.xfer_off += sent;
 	}
-	if (w->xfer_off >= r->msg_len)
+	if (w->shm.xfer_off >= r->msg_len)
 		return 1;
 	push_request(qp, c, w, r, now);
 	goto wait_nocheck;
