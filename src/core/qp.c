@@ -359,32 +359,10 @@ static int check_values(struct ursa_qp *qp, const struct ibv_qp_attr *a,
 	return 0;
 }
 
-int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
+/* Copy into the QP's attributes those the mask names (already checked). */
+static void apply_attrs(struct ibv_qp_attr *q, const struct ibv_qp_attr *a,
+			int mask)
 {
-	struct ursa_ctx *ctx = qp->ctx;
-	struct ibv_qp_attr *q = &qp->attr;
-	int cur, next, ret;
-	/* RESET and SQD need the engine out of the QP: its lock comes
-	 * first (the lock order of docs/design.md; taken inside the state
-	 * lock, it could deadlock with an engine pass that moves the QP to
-	 * an error state). */
-	bool eng = (mask & IBV_QP_STATE) && (a->qp_state == IBV_QPS_RESET ||
-					     a->qp_state == IBV_QPS_SQD);
-
-	if (eng)
-		ursa_mutex_lock(&ctx->qp_lock);
-	pthread_mutex_lock(&qp->state_lock);
-	cur = qp_state(qp);
-	next = (mask & IBV_QP_STATE) ? (int)a->qp_state : cur;
-	ret = ursa_qp_transition_ok(qp->ex.qp_base.qp_type, cur, next, mask);
-	if (!ret)
-		ret = check_values(qp, a, mask);
-	if (ret) {
-		pthread_mutex_unlock(&qp->state_lock);
-		if (eng)
-			ursa_mutex_unlock(&ctx->qp_lock);
-		return ret;
-	}
 	if (mask & IBV_QP_PKEY_INDEX) q->pkey_index = a->pkey_index;
 	if (mask & IBV_QP_PORT) q->port_num = a->port_num;
 	if (mask & IBV_QP_QKEY) q->qkey = a->qkey;
@@ -410,25 +388,61 @@ int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
 	if (mask & IBV_QP_PATH_MIG_STATE) q->path_mig_state = a->path_mig_state;
 	if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)
 		q->en_sqd_async_notify = a->en_sqd_async_notify;
+}
+
+/*
+ * The move to RESET, entered with ctx->qp_lock and the state lock held
+ * and leaving both released. IBTA 10.3.1: RESET empties both work queues
+ * without completions. The engine must not be inside this QP.
+ */
+static void modify_to_reset(struct ursa_qp *qp, int mask)
+{
+	pthread_mutex_lock(&qp->rq_lock);
+	atomic_store(&qp->sq.head, atomic_load(&qp->sq.tail));
+	/* Sequence state of channels restarts with the QP. */
+	ursa_hooks.chans_close(qp);
+	if (!qp->srq)
+		atomic_store(&qp->rq.ring.head,
+			     atomic_load(&qp->rq.ring.tail));
+	set_state(qp, IBV_QPS_RESET);
+	pthread_mutex_unlock(&qp->rq_lock);
+	qp_clean_cqs(qp);
+	memset(&qp->attr, 0, sizeof(qp->attr));
+	ursa_pub_qp_update(qp);
+	pthread_mutex_unlock(&qp->state_lock);
+	ursa_mutex_unlock(&qp->ctx->qp_lock);
+	ursa_hooks.rc_qp_modified(qp, mask);
+}
+
+int ursa_qp_modify(struct ursa_qp *qp, struct ibv_qp_attr *a, int mask)
+{
+	struct ursa_ctx *ctx = qp->ctx;
+	int cur, next, ret;
+	/* RESET and SQD need the engine out of the QP: its lock comes
+	 * first (the lock order of docs/design.md; taken inside the state
+	 * lock, it could deadlock with an engine pass that moves the QP to
+	 * an error state). */
+	bool eng = (mask & IBV_QP_STATE) && (a->qp_state == IBV_QPS_RESET ||
+					     a->qp_state == IBV_QPS_SQD);
+
+	if (eng)
+		ursa_mutex_lock(&ctx->qp_lock);
+	pthread_mutex_lock(&qp->state_lock);
+	cur = qp_state(qp);
+	next = (mask & IBV_QP_STATE) ? (int)a->qp_state : cur;
+	ret = ursa_qp_transition_ok(qp->ex.qp_base.qp_type, cur, next, mask);
+	if (!ret)
+		ret = check_values(qp, a, mask);
+	if (ret) {
+		pthread_mutex_unlock(&qp->state_lock);
+		if (eng)
+			ursa_mutex_unlock(&ctx->qp_lock);
+		return ret;
+	}
+	apply_attrs(&qp->attr, a, mask);
 
 	if (next == IBV_QPS_RESET && cur != IBV_QPS_RESET) {
-		/* IBTA 10.3.1: RESET empties both work queues without
-		 * completions. The engine must not be inside this QP. */
-		pthread_mutex_lock(&qp->rq_lock);
-		atomic_store(&qp->sq.head, atomic_load(&qp->sq.tail));
-		/* Sequence state of channels restarts with the QP. */
-		ursa_hooks.chans_close(qp);
-		if (!qp->srq)
-			atomic_store(&qp->rq.ring.head,
-				     atomic_load(&qp->rq.ring.tail));
-		set_state(qp, next);
-		pthread_mutex_unlock(&qp->rq_lock);
-		qp_clean_cqs(qp);
-		memset(q, 0, sizeof(*q));
-		ursa_pub_qp_update(qp);
-		pthread_mutex_unlock(&qp->state_lock);
-		ursa_mutex_unlock(&ctx->qp_lock);
-		ursa_hooks.rc_qp_modified(qp, mask);
+		modify_to_reset(qp, mask);
 		return 0;
 	}
 	if (next == IBV_QPS_ERR) {
@@ -551,6 +565,27 @@ static bool can_post_send(int st)
 	       st == IBV_QPS_ERR;
 }
 
+/* IBV_SEND_INLINE: the data itself goes into the WQE, now. */
+static int copy_inline(struct ursa_qp *qp, const struct ibv_send_wr *wr,
+		       struct ursa_send_wqe *w)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < wr->num_sge; i++) {
+		if (n + wr->sg_list[i].length > qp->cap.max_inline_data)
+			return -EINVAL;
+		/* An empty entry may carry a NULL address (UCX). */
+		if (!wr->sg_list[i].length)
+			continue;
+		memcpy(w->inline_data + n,
+		       (void *)(uintptr_t)wr->sg_list[i].addr,
+		       wr->sg_list[i].length);
+		n += wr->sg_list[i].length;
+	}
+	w->inline_len = (uint32_t)n;
+	return 0;
+}
+
 static int fill_wqe(struct ursa_qp *qp, struct ibv_send_wr *wr,
 		    struct ursa_send_wqe *w)
 {
@@ -596,20 +631,8 @@ static int fill_wqe(struct ursa_qp *qp, struct ibv_send_wr *wr,
 	if (w->num_sge > qp->cap.max_send_sge)
 		return -EINVAL;
 	if (wr->send_flags & IBV_SEND_INLINE) {
-		uint64_t n = 0;
-
-		for (int i = 0; i < wr->num_sge; i++) {
-			if (n + wr->sg_list[i].length > qp->cap.max_inline_data)
-				return -EINVAL;
-			/* An empty entry may carry a NULL address (UCX). */
-			if (!wr->sg_list[i].length)
-				continue;
-			memcpy(w->inline_data + n,
-			       (void *)(uintptr_t)wr->sg_list[i].addr,
-			       wr->sg_list[i].length);
-			n += wr->sg_list[i].length;
-		}
-		w->inline_len = (uint32_t)n;
+		if (copy_inline(qp, wr, w))
+			return -EINVAL;
 	} else if (w->num_sge) {
 		memcpy(w->sge, wr->sg_list, w->num_sge * sizeof(*w->sge));
 	}
