@@ -392,6 +392,24 @@ static void atomic_result(struct ursa_qp *qp, const struct ursa_send_wqe *w,
 	}
 }
 
+/* answer's ACK: success, an atomic's result, the counters. */
+static void acked(struct ursa_qp *qp, const struct ursa_send_wqe *w,
+		  const struct ursa_req *r, const struct ursa_resp *resp,
+		  uint32_t nsg, uint64_t len, struct attempt *a)
+{
+	bool rd = w->opcode == IBV_WR_RDMA_READ;
+	bool at = w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+
+	a->st = IBV_WC_SUCCESS;
+	if (at && nsg)
+		atomic_result(qp, w, resp->atomic_orig, a);
+	if (!rd && !at)
+		atomic_fetch_add(&qp->cnt.tx_bytes, len);
+	if (w->opcode == IBV_WR_SEND || r->has_imm || r->invalidate)
+		atomic_fetch_add(&qp->cnt.sends, 1);
+}
+
 /* The responder's answer, whichever transport carried it, as the WQE's
  * completion or its retry (IBTA 9.7.5.2.8 RNR, 9.7.6.1.3 ACK timeout):
  * the table of docs/design.md "Requester and responder". */
@@ -400,19 +418,9 @@ static void answer(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		   uint32_t nsg, uint64_t len, uint64_t *now,
 		   struct attempt *a)
 {
-	bool rd = w->opcode == IBV_WR_RDMA_READ;
-	bool at = w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-
 	switch (resp->ack) {
 	case URSA_ACK:
-		a->st = IBV_WC_SUCCESS;
-		if (at && nsg)
-			atomic_result(qp, w, resp->atomic_orig, a);
-		if (!rd && !at)
-			atomic_fetch_add(&qp->cnt.tx_bytes, len);
-		if (w->opcode == IBV_WR_SEND || r->has_imm || r->invalidate)
-			atomic_fetch_add(&qp->cnt.sends, 1);
+		acked(qp, w, r, resp, nsg, len, a);
 		return;
 	case URSA_NAK_RNR:
 		if (!ursa_rnr_retry_take(qp, w)) {
@@ -595,6 +603,112 @@ bool ursa_req_pending(struct ursa_qp *qp, uint64_t now, uint64_t *deadline)
 	return false;
 }
 
+/* ursa_req_direct's first step: ask for the target's cache line. */
+static void direct_prefetch(struct ursa_qp *qp, const struct ibv_send_wr *wr,
+			    bool rd, bool at)
+{
+	/* The target's line, asked for now, arrives while the checks
+	 * run instead of after them: about the time of one cache-line
+	 * transfer off each same-host WRITE (docs/performance.md). (Before
+	 * the WR is checked: a wrong guess is a wasted prefetch. The union
+	 * is read only for the opcodes that fill it.) */
+	if ((rd || at || wr->opcode == IBV_WR_RDMA_WRITE) &&
+	    (at ? wr->wr.atomic.rkey : wr->wr.rdma.rkey) ==
+	    atomic_load_explicit(&qp->dhint_rkey, memory_order_relaxed)) {
+		/* (remote_addr: the first field of both union members) */
+		const void *t = (const void *)(uintptr_t)(wr->wr.rdma.remote_addr +
+			atomic_load_explicit(&qp->dhint_delta, memory_order_relaxed));
+
+		if (rd)
+			__builtin_prefetch(t, 0, 3);
+		else
+			ursa_prefetch_write(t);
+	}
+}
+
+/* ursa_req_direct: whether the WR is one the shortcut takes, judged
+ * without a lock; *len, its message length. */
+static bool direct_fits(struct ursa_qp *qp, const struct ibv_send_wr *wr,
+			bool rd, bool at, bool inl, uint64_t *len)
+{
+	uint64_t n = 0;
+	uint32_t ns;
+
+	if (qp->ex_api || !qp->chans || wr->num_sge < 0 ||
+	    (uint32_t)wr->num_sge > qp->cap.max_send_sge)
+		return false;
+	ns = (uint32_t)wr->num_sge;
+	if (qp->ex.qp_base.qp_type == IBV_QPT_UC ?
+	    wr->opcode != IBV_WR_RDMA_WRITE :
+	    qp->ex.qp_base.qp_type != IBV_QPT_RC ||
+	    (!rd && !at && wr->opcode != IBV_WR_RDMA_WRITE))
+		return false;
+	if (inl && (rd || at))
+		return false;
+	if (at && (ns != 1 || wr->sg_list[0].length != 8))
+		return false;
+	for (uint32_t i = 0; i < ns; i++)
+		n += wr->sg_list[i].length;
+	if (!n || n > URSA_MAX_MSG_SZ ||
+	    (inl && n > qp->cap.max_inline_data))
+		return false;
+	*len = n;
+	return true;
+}
+
+/* ursa_req_direct, under ctx->qp_lock: the WR's local SGEs as addresses
+ * (sg[], *nsg). Returns 0 or the lkey check's error; either way *nref
+ * says how many of refs[] to put. */
+static int direct_sges(struct ursa_qp *qp, const struct ibv_send_wr *wr,
+		       bool local_write, bool inl, struct ursa_mem_ref *refs,
+		       struct ursa_sg *sg, uint32_t *nsg, uint32_t *nref)
+{
+	uint32_t i, n = 0, ns = (uint32_t)wr->num_sge;
+	int ret = 0;
+
+	for (i = 0; i < ns; i++) {
+		refs[i].k = NULL;
+		if (!wr->sg_list[i].length)
+			continue;
+		if (inl) {
+			/* (inline data needs no lkey: it is ours to read) */
+			sg[n].va = wr->sg_list[i].addr;
+		} else {
+			ret = ursa_mem_local_cached(qp, &qp->lcache,
+					&wr->sg_list[i],
+					local_write ? IBV_ACCESS_LOCAL_WRITE : 0,
+					&refs[i]);
+			if (ret)
+				break;	/* (refs[i] holds nothing) */
+			sg[n].va = refs[i].va;
+		}
+		sg[n++].len = wr->sg_list[i].length;
+	}
+	*nsg = n;
+	*nref = i;
+	return ret;
+}
+
+/* ursa_req_direct: the one-sided operation the direct path carries out. */
+static void direct_dop(const struct ibv_send_wr *wr, bool at,
+		       const struct ursa_sg *sg, uint32_t nsg, uint64_t len,
+		       struct ursa_dop *op)
+{
+	op->opcode = wr->opcode;
+	op->len = len;
+	op->sg = sg;
+	op->nsg = nsg;
+	if (at) {
+		op->remote_addr = wr->wr.atomic.remote_addr;
+		op->rkey = wr->wr.atomic.rkey;
+		op->compare_add = wr->wr.atomic.compare_add;
+		op->swap = wr->wr.atomic.swap;
+	} else {
+		op->remote_addr = wr->wr.rdma.remote_addr;
+		op->rkey = wr->wr.rdma.rkey;
+	}
+}
+
 /*
  * ibv_post_send's shortcut for what same-host latency hangs on: one RDMA
  * WRITE, READ or atomic on a connected QP whose send queue is empty and
@@ -620,79 +734,20 @@ bool ursa_req_direct(struct ursa_qp *qp, const struct ibv_send_wr *wr)
 	struct ursa_mem_ref refs[URSA_MAX_SGE];
 	struct ursa_sg sg[URSA_MAX_SGE];
 	struct ursa_dop op;
-	uint32_t nsg = 0, ns, nref = 0;
-	uint64_t len = 0, orig;
+	uint32_t nsg, nref = 0;
+	uint64_t len, orig;
 	bool ok = false;
 
-	/* The target's line, asked for now, arrives while the checks below
-	 * run instead of after them: about the time of one cache-line
-	 * transfer off each same-host WRITE (docs/performance.md). (Before
-	 * the WR is checked: a wrong guess is a wasted prefetch. The union
-	 * is read only for the opcodes that fill it.) */
-	if ((rd || at || wr->opcode == IBV_WR_RDMA_WRITE) &&
-	    (at ? wr->wr.atomic.rkey : wr->wr.rdma.rkey) ==
-	    atomic_load_explicit(&qp->dhint_rkey, memory_order_relaxed)) {
-		/* (remote_addr: the first field of both union members) */
-		const void *t = (const void *)(uintptr_t)(wr->wr.rdma.remote_addr +
-			atomic_load_explicit(&qp->dhint_delta, memory_order_relaxed));
-
-		if (rd)
-			__builtin_prefetch(t, 0, 3);
-		else
-			ursa_prefetch_write(t);
-	}
-	if (qp->ex_api || !qp->chans || wr->num_sge < 0 ||
-	    (uint32_t)wr->num_sge > qp->cap.max_send_sge)
-		return false;
-	ns = (uint32_t)wr->num_sge;
-	if (qp->ex.qp_base.qp_type == IBV_QPT_UC ?
-	    wr->opcode != IBV_WR_RDMA_WRITE :
-	    qp->ex.qp_base.qp_type != IBV_QPT_RC ||
-	    (!rd && !at && wr->opcode != IBV_WR_RDMA_WRITE))
-		return false;
-	if (inl && (rd || at))
-		return false;
-	if (at && (ns != 1 || wr->sg_list[0].length != 8))
-		return false;
-	for (uint32_t i = 0; i < ns; i++)
-		len += wr->sg_list[i].length;
-	if (!len || len > URSA_MAX_MSG_SZ ||
-	    (inl && len > qp->cap.max_inline_data))
+	direct_prefetch(qp, wr, rd, at);
+	if (!direct_fits(qp, wr, rd, at, inl, &len))
 		return false;
 	if (!ursa_mutex_trylock(&qp->ctx->qp_lock))
 		return false;
 	if (qp_state(qp) != IBV_QPS_RTS || ursa_ring_ready(&qp->sq))
 		goto unlock;
-	for (uint32_t i = 0; i < ns; i++, nref++) {
-		refs[i].k = NULL;
-		if (!wr->sg_list[i].length)
-			continue;
-		if (inl) {
-			/* (inline data needs no lkey: it is ours to read) */
-			sg[nsg].va = wr->sg_list[i].addr;
-		} else {
-			if (ursa_mem_local_cached(qp, &qp->lcache,
-					&wr->sg_list[i],
-					(rd || at) ? IBV_ACCESS_LOCAL_WRITE : 0,
-					&refs[i]))
-				goto put;	/* (refs[i] holds nothing) */
-			sg[nsg].va = refs[i].va;
-		}
-		sg[nsg++].len = wr->sg_list[i].length;
-	}
-	op.opcode = wr->opcode;
-	op.len = len;
-	op.sg = sg;
-	op.nsg = nsg;
-	if (at) {
-		op.remote_addr = wr->wr.atomic.remote_addr;
-		op.rkey = wr->wr.atomic.rkey;
-		op.compare_add = wr->wr.atomic.compare_add;
-		op.swap = wr->wr.atomic.swap;
-	} else {
-		op.remote_addr = wr->wr.rdma.remote_addr;
-		op.rkey = wr->wr.rdma.rkey;
-	}
+	if (direct_sges(qp, wr, rd || at, inl, refs, sg, &nsg, &nref))
+		goto put;
+	direct_dop(wr, at, sg, nsg, len, &op);
 	if (!ursa_shm_direct_op(qp, &op, &orig))
 		goto put;
 	ok = true;
