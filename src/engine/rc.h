@@ -49,6 +49,8 @@ struct ursa_rc {
 	struct ursa_qp *qp;
 	struct ursa_udp_ep ep;	/* the QP's sockets (transport/udp.c) */
 	uint32_t next_psn;	/* requester: PSN of the next new message */
+	addr_t src, dst;	/* requester: the path of its messages (RC) */
+	uint8_t hop;
 	uint32_t psn_hi;	/* requester: past the highest PSN sent so far
 				 * (psn_sent; next_psn goes back at
 				 * pipe_collapse, this does not) */
@@ -82,6 +84,8 @@ struct ursa_rc {
 		uint32_t hiwat;	/* packets ever sent (beyond: first sends) */
 		struct ursa_sg dst[URSA_MAX_SGE];
 		uint32_t ndst;
+		uint64_t va;	/* READ: the remote buffer (rc_read_again) */
+		uint32_t rkey;
 		/* What the message's MIDDLE packets share (send_mid) */
 		bool mid_ok;
 		uint8_t mid_op;
@@ -98,6 +102,8 @@ struct ursa_rc {
 		uint64_t orig;		/* an atomic's answer */
 		uint32_t ndst;		/* READ: where the responses go */
 		struct ursa_sg dst[URSA_MAX_SGE];
+		uint64_t va;		/* READ: from where (rc_read_again) */
+		uint32_t rkey;
 	} pipe_ring[URSA_UDP_PIPE];	/* PIPE(u, i): the i-th oldest */
 	uint32_t pipe_head, pipe_n;
 	uint32_t pipe_out;	/* their packets not yet acknowledged */
@@ -111,10 +117,12 @@ struct ursa_rc {
 	 * loss). */
 	const struct ursa_send_wqe *pipe_cool;
 	/* requester: selective repeat (rc_sr.c), one bit per PSN from una
-	 * (bit psn % URSA_SR_SLOTS): held by the responder, to resend,
-	 * resent since resent_at */
+	 * (bit psn % URSA_SR_SLOTS): held by the responder (a READ's
+	 * response: placed out of order), to resend, resent (asked for
+	 * again) since resent_at */
 	struct {
-		bool on;	/* the peer has sent a SACK */
+		bool on;	/* the peer has sent a SACK or READ responses
+				 * marked ROCE_BTH4_SR */
 		uint32_t una;	/* the PSN the responder expects */
 		uint32_t nsacked, nwant;
 		uint64_t resent_at, cut_at;
@@ -173,6 +181,10 @@ void rc_pipe_drop(struct ursa_rc *u);
 void rc_pipe_pop(struct ursa_rc *u);
 void rc_window_grow(struct ursa_qp *qp, struct ursa_rc *u, uint32_t n);
 
+/* rc_req.c */
+void rc_read_again(struct ursa_qp *qp, struct ursa_rc *u, uint32_t psn,
+		   uint64_t va, uint32_t rkey, uint32_t len);
+
 /* rc_comp.c: the ACK timeout (IBTA 9.7.6.1.3), now + d (UINT64_MAX: never),
  * the RTO */
 uint64_t rc_timeout_ns(struct ursa_qp *qp);
@@ -213,6 +225,12 @@ void rc_sr_sack(struct ursa_rc *u, uint32_t psn, const uint8_t *bits,
 		unsigned nbits, uint32_t hi, uint64_t now);
 bool rc_sr_wants(const struct ursa_rc *u, uint32_t first, uint32_t n);
 int rc_sr_take(struct ursa_rc *u, uint32_t first, uint32_t n, uint64_t now);
+void rc_sr_start(struct ursa_rc *u, uint32_t una);
+bool rc_sr_has(const struct ursa_rc *u, uint32_t psn);
+void rc_sr_mark(struct ursa_rc *u, uint32_t psn);
+bool rc_sr_asked(const struct ursa_rc *u, uint32_t psn);
+void rc_sr_mark_asked(struct ursa_rc *u, uint32_t psn, uint64_t now);
+void rc_sr_epoch(struct ursa_rc *u, uint64_t now);
 
 /* rc_ack.c */
 void rc_ack_emit(struct ursa_rc *u, bool along);

@@ -135,7 +135,6 @@ static void pipe_ack(struct ursa_qp *qp, struct ursa_rc *u, uint32_t last,
 		e->done = true;
 	}
 	if (moved) {
-		rc_sr_advance(u, psn_add(last, 1));
 		rtt_acked_psn(u, last, now);
 		u->m.deadline = rc_after(now, rc_timeout_ns(qp));
 		u->m.rto = rc_after(now, rc_rto_ns(qp));
@@ -164,6 +163,8 @@ void rc_pipe_collapse(struct ursa_rc *u)
 	u->m.is_read = e.is_read;	/* (asks again from acked) */
 	u->m.ndst = e.ndst;
 	memcpy(u->m.dst, e.dst, e.ndst * sizeof(e.dst[0]));
+	u->m.va = e.va;
+	u->m.rkey = e.rkey;
 	if (u->pipe_nak && ((u->pipe_nak_psn - e.first) & 0xffffff) < e.npkts) {
 		u->m.nak = u->pipe_nak;
 		u->m.nak_psn = u->pipe_nak_psn;
@@ -197,6 +198,104 @@ static bool read_place(const struct ursa_sg *dst, uint32_t ndst, uint64_t len,
 	return true;
 }
 
+/*
+ * Selective repeat of READ responses (rc_sr.c). A READ whose responses
+ * come in, the message in flight or one of the pipe: where they go, what
+ * was asked for (end: packets), what is in place in order (acked).
+ */
+struct rd {
+	uint32_t first, npkts, mtu, end, acked, rkey, ndst;
+	uint64_t len, va;
+	const struct ursa_sg *dst;
+};
+
+static struct rd rd_pipe(const struct upipe *e)
+{
+	return (struct rd){ e->first, e->npkts, e->mtu, e->npkts, e->acked,
+			    e->rkey, e->ndst, e->len, e->va, e->dst };
+}
+
+static struct rd rd_msg(const struct ursa_rc *u)
+{
+	return (struct rd){ u->m.first, u->m.npkts, u->m.mtu, u->m.sent,
+			    u->m.acked, u->m.rkey, u->m.ndst, u->m.len,
+			    u->m.va, u->m.dst };
+}
+
+/* The oldest PSN not answered: where selective repeat's bits start */
+static uint32_t oldest_open(const struct ursa_rc *u)
+{
+	for (uint32_t i = 0; i < u->pipe_n; i++)
+		if (!PIPE(u, i)->done)
+			return psn_add(PIPE(u, i)->first, PIPE(u, i)->acked);
+	return psn_add(u->m.first, u->m.acked);
+}
+
+/*
+ * Ask again, alone, for r's missing responses before packet upto: each
+ * run of them as one READ of just those packets (rc_read_again). A run
+ * asked for less than two round trips ago is not asked again. The
+ * responder answers in PSN order, so a response arrived past a run means
+ * the run is lost.
+ */
+static void rd_ask_missing(struct ursa_qp *qp, struct ursa_rc *u,
+			   const struct rd *r, uint32_t upto, uint64_t now)
+{
+	rc_sr_epoch(u, now);
+	for (uint32_t k = r->acked, j; k < upto; k = MAX(j, k + 1)) {
+		for (j = k; j < upto; j++) {
+			uint32_t q = psn_add(r->first, j);
+
+			if (rc_sr_has(u, q) || rc_sr_asked(u, q))
+				break;
+		}
+		if (j == k)
+			continue;
+		rc_read_again(qp, u, psn_add(r->first, k),
+			      r->va + (uint64_t)k * r->mtu, r->rkey,
+			      (uint32_t)MIN(r->len - (uint64_t)k * r->mtu,
+					    (uint64_t)(j - k) * r->mtu));
+		for (uint32_t i = k; i < j; i++)
+			rc_sr_mark_asked(u, psn_add(r->first, i), now);
+	}
+}
+
+/*
+ * A READ response for packet idx of r: placed in order (returns how many
+ * packets are now in place past r->acked, counting those placed out of
+ * order before), or, from a responder that marks its responses
+ * ROCE_BTH4_SR, out of order (returns 0; the runs missing before it are
+ * asked for again). -1: not placed (a gap for go-back-N, or refused).
+ */
+static int rd_take(struct ursa_qp *qp, struct ursa_rc *u, const struct rd *r,
+		   uint32_t idx, const struct roce_pkt *p)
+{
+	uint32_t n;
+
+	if (idx == r->acked && idx < r->npkts) {
+		if (!read_place(r->dst, r->ndst, r->len, r->npkts, r->mtu, idx,
+				p))
+			return -1;
+		for (n = idx + 1; n < r->end && rc_sr_has(u, psn_add(r->first, n));)
+			n++;
+		return (int)(n - r->acked);
+	}
+	if (!p->sr || !ursa_cfg()->sr || idx <= r->acked || idx >= r->end)
+		return -1;
+	rc_sr_start(u, oldest_open(u));
+	if (rc_sr_has(u, p->psn)) {
+		atomic_fetch_add(&ursa_udp_cnt.dup, 1);
+		return 0;
+	}
+	if (!read_place(r->dst, r->ndst, r->len, r->npkts, r->mtu, idx, p))
+		return -1;
+	rc_sr_mark(u, p->psn);
+	if (!rc_sr_has(u, p->psn))
+		return -1;	/* (beyond the bits: go back for it) */
+	rd_ask_missing(qp, u, r, idx, ursa_now_ns());
+	return 0;
+}
+
 /* A READ response or an ATOMIC ACKNOWLEDGE for a READ or atomic of the
  * pipe (see rc_pipe_class). */
 static void pipe_resp(struct ursa_qp *qp, struct ursa_rc *u,
@@ -204,10 +303,17 @@ static void pipe_resp(struct ursa_qp *qp, struct ursa_rc *u,
 {
 	uint32_t idx = (p->psn - e->first) & 0xffffff;
 	bool atomic_ack = (p->opcode & 0x1f) == OP_ATOMIC_ACK;
+	struct rd r = rd_pipe(e);
 	uint64_t now;
+	int n = -1;
 
-	if (e->done || idx != e->acked || atomic_ack != e->is_atomic ||
-	    (!e->is_read && !e->is_atomic)) {
+	if (!e->done && atomic_ack == e->is_atomic) {
+		if (e->is_read)
+			n = rd_take(qp, u, &r, idx, p);
+		else if (e->is_atomic && idx == e->acked)
+			n = 1;
+	}
+	if (n < 0) {
 		if (e->is_read && !atomic_ack && !e->done && idx > e->acked &&
 		    !u->pipe_gap) {
 			u->pipe_gap = true;	/* ask again (rc_pipe_collapse) */
@@ -216,19 +322,47 @@ static void pipe_resp(struct ursa_qp *qp, struct ursa_rc *u,
 		atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
 		return;
 	}
+	if (!n)
+		return;
 	if (e->is_atomic)
 		e->orig = p->orig;
-	else if (!read_place(e->dst, e->ndst, e->len, e->npkts, e->mtu, idx, p))
-		return;
 	now = ursa_now_ns();
-	e->acked++;
-	u->pipe_out -= MIN(u->pipe_out, 1u);
-	rc_window_grow(qp, u, 1);
-	rtt_acked_psn(u, p->psn, now);
+	e->acked += (uint32_t)n;
+	u->pipe_out -= MIN(u->pipe_out, (uint32_t)n);
+	rc_window_grow(qp, u, (uint32_t)n);
+	rtt_acked_psn(u, psn_add(e->first, e->acked - 1), now);
 	u->m.deadline = rc_after(now, rc_timeout_ns(qp));
 	u->m.rto = rc_after(now, rc_rto_ns(qp));
 	if (e->acked == e->npkts)
 		e->done = true;
+}
+
+/*
+ * Responses of a later READ came while the pipe's READs before it (before
+ * entry i; i < 0: before the message in flight) still miss some: with
+ * selective repeat those are asked for alone, and the later responses are
+ * taken. Returns false when that cannot be (an atomic's answer is
+ * missing, or the responder does not repeat selectively): go back.
+ */
+static bool sr_ask_before(struct ursa_qp *qp, struct ursa_rc *u, int i,
+			  const struct roce_pkt *p)
+{
+	uint32_t end = i < 0 ? u->pipe_n : (uint32_t)i;
+	uint64_t now = ursa_now_ns();
+
+	if (!p->sr || !ursa_cfg()->sr || !(roce_opcode_flags(p->opcode) & P_READ))
+		return false;
+	for (uint32_t j = 0; j < end; j++)
+		if (!PIPE(u, j)->done && !PIPE(u, j)->is_read)
+			return false;
+	rc_sr_start(u, oldest_open(u));
+	for (uint32_t j = 0; j < end; j++) {
+		struct rd r = rd_pipe(PIPE(u, j));
+
+		if (!PIPE(u, j)->done)
+			rd_ask_missing(qp, u, &r, r.npkts, now);
+	}
+	return true;
 }
 
 /*
@@ -275,7 +409,7 @@ static bool pipe_answer(struct ursa_qp *qp, struct ursa_rc *u,
 				   i < 0 && idx < u->m.npkts ?
 				   PIPE(u, u->pipe_n - 1) : NULL;
 
-	if (prev && !prev->done) {
+	if (prev && !prev->done && !sr_ask_before(qp, u, i, p)) {
 		/* a later READ's or atomic's responses while an
 		 * earlier one's are missing: those were lost (the
 		 * responder answers in PSN order) */
@@ -304,7 +438,6 @@ static void msg_acked(struct ursa_qp *qp, struct ursa_rc *u, uint32_t n)
 	 * has sent again: they need not go again) */
 	u->m.sent = MAX(u->m.sent, n);
 	u->m.progress = true;
-	rc_sr_advance(u, psn_add(u->m.first, n));
 	rtt_acked(u, u->m.acked, now);
 	u->m.deadline = rc_after(now, rc_timeout_ns(qp));
 	u->m.rto = rc_after(now, rc_rto_ns(qp));
@@ -337,33 +470,34 @@ static bool take_sack(struct ursa_qp *qp, struct ursa_rc *u,
 }
 
 /* A READ response packet for the message in flight: placed if it is the
- * next one; a gap asks again from the first missing packet. */
+ * next one (or out of order, rd_take); a gap asks again from the first
+ * missing packet. */
 static void read_answer(struct ursa_qp *qp, struct ursa_rc *u,
 			const struct roce_pkt *p, uint32_t idx)
 {
-	if (!u->m.is_read || idx != u->m.acked || idx >= u->m.npkts) {
-		/* A gap in the responses: ask again from the first
-		 * missing packet, once per gap (as rxe's completer
-		 * does), rather than wait for the ACK timeout. */
-		atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
-		if (u->m.is_read && idx > u->m.acked && idx < u->m.npkts &&
-		    u->m.rerequested != u->m.acked + 1) {
-			u->m.rerequested = u->m.acked + 1;
-			u->m.resend_read = true;
-			u->timing = false;
-			atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
-		}
-		return;
+	struct rd r = rd_msg(u);
+	int n = u->m.is_read ? rd_take(qp, u, &r, idx, p) : -1;
+
+	if (n > 0)
+		msg_acked(qp, u, u->m.acked + (uint32_t)n);
+	if (n >= 0 || (u->m.is_read && idx == u->m.acked))
+		return;	/* (taken, or refused and counted) */
+	/* A gap in the responses: ask again from the first missing
+	 * packet, once per gap (as rxe's completer does), rather than
+	 * wait for the ACK timeout. */
+	atomic_fetch_add(&ursa_udp_cnt.drop_psn, 1);
+	if (u->m.is_read && idx > u->m.acked && idx < u->m.npkts &&
+	    u->m.rerequested != u->m.acked + 1) {
+		u->m.rerequested = u->m.acked + 1;
+		u->m.resend_read = true;
+		u->timing = false;
+		atomic_fetch_add(&ursa_udp_cnt.retransmits, 1);
 	}
-	if (read_place(u->m.dst, u->m.ndst, u->m.len, u->m.npkts,
-		       u->m.mtu, idx, p))
-		msg_acked(qp, u, idx + 1);
 }
 
-/* A response for our requester QP (RC): move the message forward. Called
- * with u->lock held. */
-void rc_on_response(struct ursa_qp *qp, struct ursa_rc *u,
-		    const struct roce_pkt *p)
+/* rc_on_response, before the selective repeat's bits follow */
+static void on_response(struct ursa_qp *qp, struct ursa_rc *u,
+			const struct roce_pkt *p)
 {
 	uint32_t idx, n;
 	uint32_t f = roce_opcode_flags(p->opcode);
@@ -417,6 +551,16 @@ void rc_on_response(struct ursa_qp *qp, struct ursa_rc *u,
 	n = past ? u->m.npkts : idx + 1;
 	if (acks && (idx < u->m.npkts || past) && n > u->m.acked)
 		msg_acked(qp, u, n);
+}
+
+/* A response for our requester QP (RC): move the message forward. Called
+ * with u->lock held. */
+void rc_on_response(struct ursa_qp *qp, struct ursa_rc *u,
+		    const struct roce_pkt *p)
+{
+	on_response(qp, u, p);
+	if (u->sr.on && u->m.active)
+		rc_sr_advance(u, oldest_open(u));
 }
 
 /* The oldest message of the pipe, at its WQE's step: 1 done (resp: its

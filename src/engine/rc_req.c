@@ -164,6 +164,7 @@ static void send_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 	p.ackreq = true;
 	p.va = r->remote_addr + off;
 	p.rkey = r->rkey;
+	p.sr = sr_asked(qp);	/* (its responses say if the peer repeats) */
 	/* At most a window's worth per request: a long burst of responses
 	 * that loses one packet would otherwise be resent whole. The next
 	 * request continues at the next PSN, as a retried READ does. */
@@ -181,6 +182,34 @@ static void send_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 	if (n > 0)
 		rc_tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64,
 		      false);
+}
+
+/*
+ * Selective repeat of READ responses (rc_comp.c rd_ask_missing): a READ
+ * of just the len bytes at va whose responses were lost, at the PSN of
+ * the first: a duplicate READ inside the original one (IBTA 9.7.5.1.3),
+ * which the responder executes again from its PSN.
+ */
+void rc_read_again(struct ursa_qp *qp, struct ursa_rc *u, uint32_t psn,
+		   uint64_t va, uint32_t rkey, uint32_t len)
+{
+	uint8_t buf[64];
+	struct roce_pkt p = { .opcode = ROCE_RC | OP_READ_REQ,
+			      .pkey = ROCE_DEFAULT_PKEY, .ackreq = true,
+			      .sr = true };
+	int n;
+
+	p.dqpn = qp->attr.dest_qp_num;
+	p.psn = psn;
+	p.va = va;
+	p.rkey = rkey;
+	p.dmalen = len;
+	u->timing = false;	/* (Karn) */
+	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
+	if (n > 0) {
+		rc_tx(u, &u->src, &u->dst, buf, (size_t)n, u->hop, false);
+		atomic_fetch_add(&ursa_udp_cnt.sr_resent, 1);
+	}
 }
 
 static void send_atomic(struct ursa_qp *qp, struct ursa_rc *u,
@@ -419,6 +448,7 @@ static void pipe_push(struct ursa_rc *u)
 		.npkts = u->m.npkts, .mtu = u->m.mtu,
 		.acked = u->m.acked, .len = u->m.len,
 		.is_read = u->m.is_read, .ndst = u->m.ndst,
+		.va = u->m.va, .rkey = u->m.rkey,
 		.is_atomic = rc_is_atomic_op(u->m.op),
 	};
 	memcpy(e->dst, u->m.dst, u->m.ndst * sizeof(e->dst[0]));
@@ -450,9 +480,14 @@ static void msg_start(struct ursa_qp *qp, struct ursa_rc *u,
 	 * WRITE's answers only for packets sent (send_more). */
 	if (u->m.is_read)
 		psn_sent(u, u->next_psn);
+	u->src = r->sgid;
+	u->dst = r->dgid;
+	u->hop = r->hop_limit ? r->hop_limit : 64;
 	if (u->m.is_read) {
 		u->m.ndst = MIN(r->ndst, (uint32_t)URSA_MAX_SGE);
 		memcpy(u->m.dst, r->dst, u->m.ndst * sizeof(*r->dst));
+		u->m.va = r->remote_addr;
+		u->m.rkey = r->rkey;
 	}
 	u->m.deadline = rc_after(now, rc_timeout_ns(qp));
 	u->m.rto = rc_after(now, rc_rto_ns(qp));

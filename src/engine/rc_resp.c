@@ -67,6 +67,9 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 		o.pkey = ROCE_DEFAULT_PKEY;
 		o.dqpn = qp->attr.dest_qp_num;
 		o.psn = psn_add(p->psn, k);
+		/* a requester that repeats selectively may ask for the
+		 * responses it lost alone (rc_sr.c) */
+		o.sr = p->sr && ursa_cfg()->sr;
 		o.syndrome = AETH_ACK | AETH_CREDIT_INVALID;
 		o.msn = u->msn;
 		b = roce_build(buf, URSA_UDP_MAX_PKT, &o, data, len);

@@ -246,17 +246,11 @@ void rc_sr_sack(struct ursa_rc *u, uint32_t psn, const uint8_t *bits,
 	bool lost = false;
 
 	atomic_fetch_add(&ursa_udp_cnt.sacks_rcvd, 1);
-	if (!u->sr.on) {
-		u->sr.on = true;
-		u->sr.una = psn;
-	}
+	rc_sr_start(u, psn);
 	rc_sr_advance(u, psn);
 	if (u->sr.una != psn)
 		return;		/* (an old SACK) */
-	if (u->sr.resent_at && now - u->sr.resent_at > 2 * rtt) {
-		memset(u->sr.resent, 0, sizeof(u->sr.resent));
-		u->sr.resent_at = 0;
-	}
+	rc_sr_epoch(u, now);
 	/* bits only for PSNs sent, inside the slots */
 	nbits = MIN(nbits, MIN(room ? room - 1 : 0, URSA_SR_SLOTS - 1u));
 	for (uint32_t i = 0; i < nbits; i++) {
@@ -286,6 +280,63 @@ void rc_sr_sack(struct ursa_rc *u, uint32_t psn, const uint8_t *bits,
 		u->ssthresh = u->cwnd;
 		u->cwnd_acc = 0;
 		u->timing = false;
+	}
+}
+
+/* The peer repeats selectively (a SACK, or READ responses marked so):
+ * the bits start at una, the oldest PSN not answered. */
+void rc_sr_start(struct ursa_rc *u, uint32_t una)
+{
+	if (u->sr.on)
+		return;
+	rc_sr_forget(u);
+	u->sr.on = true;
+	u->sr.una = una;
+}
+
+static bool in_bits(const struct ursa_rc *u, uint32_t psn)
+{
+	return u->sr.on && ((psn - u->sr.una) & 0xffffff) < URSA_SR_SLOTS;
+}
+
+/* Does the responder hold psn (a READ response: is it in place)? */
+bool rc_sr_has(const struct ursa_rc *u, uint32_t psn)
+{
+	return in_bits(u, psn) && BIT(u->sr.sacked, psn);
+}
+
+void rc_sr_mark(struct ursa_rc *u, uint32_t psn)
+{
+	if (in_bits(u, psn) && !BIT(u->sr.sacked, psn)) {
+		SET(u->sr.sacked, psn);
+		u->sr.nsacked++;
+	}
+}
+
+/* Was psn resent (asked for again) lately? */
+bool rc_sr_asked(const struct ursa_rc *u, uint32_t psn)
+{
+	return in_bits(u, psn) && BIT(u->sr.resent, psn);
+}
+
+void rc_sr_mark_asked(struct ursa_rc *u, uint32_t psn, uint64_t now)
+{
+	if (!in_bits(u, psn))
+		return;
+	SET(u->sr.resent, psn);
+	if (!u->sr.resent_at)
+		u->sr.resent_at = now;
+}
+
+/* What was resent two round trips ago and is still missing was lost
+ * again: it may go once more. */
+void rc_sr_epoch(struct ursa_rc *u, uint64_t now)
+{
+	uint64_t rtt = u->srtt ? u->srtt : (uint64_t)ursa_cfg()->rto_us * 1000;
+
+	if (u->sr.resent_at && now - u->sr.resent_at > 2 * rtt) {
+		memset(u->sr.resent, 0, sizeof(u->sr.resent));
+		u->sr.resent_at = 0;
 	}
 }
 
