@@ -313,14 +313,34 @@ static ssize_t recv_fds(int sock, void *msg, size_t len, int *fds, int max,
 	return n;
 }
 
+/* chan_connect: the hello, with our ring's memfd and our engine's control
+ * page and doorbell. Returns as send_fds. */
+static int send_hello(struct ursa_qp *qp, int sock, uint32_t dqpn, int memfd)
+{
+	struct ursa_shm_eng *e = qp->ctx->shm;
+	struct ursa_shm_hello h = { 0 };
+	int fds[3];
+
+	h.magic = URSA_SHM_MAGIC;
+	h.version = URSA_SHM_VERSION;
+	h.src_qpn = qp->ex.qp_base.qp_num;
+	h.dst_qpn = dqpn;
+	h.qp_type = qp->ex.qp_base.qp_type;
+	h.probe_addr = (uintptr_t)&probe_word;
+	h.probe_val = probe_value;
+	fds[0] = memfd;
+	fds[1] = e->ctl_fd;
+	fds[2] = e->efd;
+	return send_fds(sock, &h, sizeof(h), fds, 3);
+}
+
 static struct ursa_chan *chan_connect(struct ursa_qp *qp, uint32_t dqpn)
 {
 	struct ursa_shm_eng *e = qp->ctx->shm;
 	struct sockaddr_un sa;
 	struct ursa_chan *c;
-	struct ursa_shm_hello h = { 0 };
 	socklen_t len;
-	int memfd, fds[3];
+	int memfd;
 
 	c = calloc(1, sizeof(*c));
 	if (!c)
@@ -348,17 +368,7 @@ static struct ursa_chan *chan_connect(struct ursa_qp *qp, uint32_t dqpn)
 	}
 	c->mem->magic = URSA_SHM_MAGIC;
 	c->mem->version = URSA_SHM_VERSION;
-	h.magic = URSA_SHM_MAGIC;
-	h.version = URSA_SHM_VERSION;
-	h.src_qpn = qp->ex.qp_base.qp_num;
-	h.dst_qpn = dqpn;
-	h.qp_type = qp->ex.qp_base.qp_type;
-	h.probe_addr = (uintptr_t)&probe_word;
-	h.probe_val = probe_value;
-	fds[0] = memfd;
-	fds[1] = e->ctl_fd;
-	fds[2] = e->efd;
-	if (send_fds(c->sock, &h, sizeof(h), fds, 3)) {
+	if (send_hello(qp, c->sock, dqpn, memfd)) {
 		close(memfd);
 		goto fail;
 	}
@@ -547,28 +557,10 @@ static uint64_t ack_timeout(struct ursa_qp *qp)
 	return ursa_ack_timeout_ns(qp->attr.timeout);
 }
 
-static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
-			 struct ursa_send_wqe *w, const struct ursa_req *r,
-			 uint64_t now)
+/* push_request: the request's own fields, in slot q. */
+static void wreq_header(struct ursa_wreq *q, const struct ursa_chan *c,
+			const struct ursa_req *r)
 {
-	struct ursa_chanmem *m = c->mem;
-	uint32_t tail = atomic_load_explicit(&m->req_tail, memory_order_relaxed);
-	uint32_t head = atomic_load_explicit(&m->req_head, memory_order_acquire);
-	struct ursa_wreq *q = &m->req[tail % URSA_SHM_SLOTS];
-	bool rd = r->opcode == IBV_WR_RDMA_READ;
-	bool at = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		  r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-	uint64_t total = r->msg_len, off = w->shm.xfer_off, flen;
-	struct ursa_sg part[URSA_MAX_SGE];
-
-	w->inflight = true;
-	w->deadline_ns = ack_timeout(qp) == UINT64_MAX ? UINT64_MAX :
-						       now + ack_timeout(qp);
-	if (tail - head >= URSA_SHM_SLOTS) {
-		/* Earlier transmissions still queued (a slow responder):
-		 * this one is "lost"; the ACK timeout sends it again. */
-		return;
-	}
 	memset(q, 0, offsetof(struct ursa_wreq, sg));
 	q->seq = c->seq;
 	q->opcode = r->opcode;
@@ -586,7 +578,22 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 	q->flow = r->flow_label;
 	q->flags = (r->solicited ? WF_SOLICITED : 0) |
 		   (r->has_imm ? WF_IMM : 0) | (r->invalidate ? WF_INV : 0);
-	q->msg_len = total;
+	q->msg_len = r->msg_len;
+}
+
+/* push_request: what slot q carries from offset off of the message (the
+ * fragment's data, or the whole message's SGEs for cross-memory attach);
+ * returns the length it covers. */
+static uint64_t wreq_payload(struct ursa_qp *qp, const struct ursa_chan *c,
+			     struct ursa_wreq *q, const struct ursa_req *r,
+			     uint64_t off)
+{
+	bool rd = r->opcode == IBV_WR_RDMA_READ;
+	bool at = r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		  r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	uint64_t total = r->msg_len, flen;
+	struct ursa_sg part[URSA_MAX_SGE];
+
 	if (at) {
 		flen = 8;
 		q->frag = URSA_FRAG_ONLY;
@@ -619,8 +626,31 @@ static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
 		}
 		atomic_fetch_add(&qp->cnt.cma_bytes, flen);
 	}
+	return flen;
+}
+
+static void push_request(struct ursa_qp *qp, struct ursa_chan *c,
+			 struct ursa_send_wqe *w, const struct ursa_req *r,
+			 uint64_t now)
+{
+	struct ursa_chanmem *m = c->mem;
+	uint32_t tail = atomic_load_explicit(&m->req_tail, memory_order_relaxed);
+	uint32_t head = atomic_load_explicit(&m->req_head, memory_order_acquire);
+	struct ursa_wreq *q = &m->req[tail % URSA_SHM_SLOTS];
+	bool rd = r->opcode == IBV_WR_RDMA_READ;
+	uint64_t off = w->shm.xfer_off;
+
+	w->inflight = true;
+	w->deadline_ns = ack_timeout(qp) == UINT64_MAX ? UINT64_MAX :
+						       now + ack_timeout(qp);
+	if (tail - head >= URSA_SHM_SLOTS) {
+		/* Earlier transmissions still queued (a slow responder):
+		 * this one is "lost"; the ACK timeout sends it again. */
+		return;
+	}
+	wreq_header(q, c, r);
+	q->len = wreq_payload(qp, c, q, r, off);
 	q->offset = off;
-	q->len = flen;
 	q->raddr = r->remote_addr + (rd || r->opcode == IBV_WR_RDMA_WRITE ||
 				     r->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ?
 				     off : 0);
@@ -645,6 +675,24 @@ void ursa_shm_prefetch_next(struct ursa_qp *qp)
 	ursa_prefetch_write(q + offsetof(struct ursa_wreq, data));
 }
 
+/* chan_dmap: is fd, the target's descriptor we opened, the memfd its
+ * table names? We opened it with our rights, which may exceed the
+ * target's: it must be a memfd the target itself created and sealed (only
+ * memfds take F_SEAL_SHRINK), never a file it merely holds open. */
+static bool dmap_fd_ok(const struct ursa_chan *c, const struct ursa_pub_mr *e,
+		       int fd)
+{
+	struct stat st;
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode) ||
+	    (uint64_t)st.st_ino != e->map_ino || st.st_uid != c->peer_uid ||
+	    (uint64_t)st.st_size < e->map_len || seals < 0 ||
+	    !(seals & F_SEAL_SHRINK) || (seals & F_SEAL_WRITE))
+		return false;
+	return true;
+}
+
 /*
  * The target's memfd holding an MR's pages (shmap.h), mapped here: found by
  * inode among those this channel mapped before, else opened through /proc
@@ -655,9 +703,8 @@ void ursa_shm_prefetch_next(struct ursa_qp *qp)
 static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 {
 	struct ursa_dmap *d;
-	struct stat st;
 	void *p;
-	int fd, seals;
+	int fd;
 
 	for (uint32_t i = 0; i < URSA_DMAPS; i++)
 		if (c->dmap[i].base && c->dmap[i].ino == e->map_ino &&
@@ -680,15 +727,9 @@ static uint8_t *chan_dmap(struct ursa_chan *c, const struct ursa_pub_mr *e)
 		}
 		return NULL;
 	}
-	/* We opened it with our rights, which may exceed the target's: it
-	 * must be a memfd the target itself created and sealed (only
-	 * memfds take F_SEAL_SHRINK), never a file it merely holds open.
-	 * Anything else is a broken peer: no mapping on this channel. */
-	seals = fcntl(fd, F_GET_SEALS);
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode) ||
-	    (uint64_t)st.st_ino != e->map_ino || st.st_uid != c->peer_uid ||
-	    (uint64_t)st.st_size < e->map_len || seals < 0 ||
-	    !(seals & F_SEAL_SHRINK) || (seals & F_SEAL_WRITE)) {
+	/* Anything but the target's memfd is a broken peer: no mapping on
+	 * this channel. */
+	if (!dmap_fd_ok(c, e, fd)) {
 		close(fd);
 		c->dnomap = true;
 		return NULL;
@@ -836,79 +877,73 @@ static ssize_t cma_xfer(struct ursa_chan *c, const struct ursa_dop *r,
 	return n;
 }
 
-/*
- * Direct path (pub.h): an RDMA WRITE, READ or atomic whose target QP and
- * MR the target's table vouches for is carried out here, by the requester,
- * straight between the two MRs: by memcpy (or a locked instruction) when
- * the target's pages are mapped here (shmap.h), else by one
- * process_vm_writev/readv (not for atomics, which a system call cannot make
- * atomic). The target process is not woken and its engine does nothing.
- * Returns false when the table cannot prove the access allowed or the copy
- * did not complete: the WQE then goes the ordinary way, where the target's
- * responder checks it again and names the check that refuses.
- */
-static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
-			const struct ursa_dop *r, uint64_t *orig)
+/* direct_xfer: whether the target's table lists its QP for the channel's
+ * peer and accepting the operation; *qw, the table's word for it (the
+ * QP's PD in the high half). */
+static bool direct_qp_ok(const struct ursa_chan *c, const struct ursa_dop *r,
+			 uint32_t need, uint64_t *qw)
 {
 	const struct ursa_pubmem *m = c->dpub;
 	bool rd = r->opcode == IBV_WR_RDMA_READ;
 	bool at = r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
 		  r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
-	uint32_t need = at ? URSA_PUBQ_ATOMIC : rd ? URSA_PUBQ_READ : URSA_PUBQ_WRITE;
-	unsigned int acc = at ? IBV_ACCESS_REMOTE_ATOMIC :
-			   rd ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
-	uint64_t len = r->len, qw, ta;
-	struct ursa_dlast *dl = &c->dlast;
-	const struct ursa_pub_mr *e;
-	uint8_t *base = NULL;
-	ssize_t n = -1;
 
-	if (!m || c->dslot >= URSA_PUB_QPS || !len ||
+	if (!m || c->dslot >= URSA_PUB_QPS || !r->len ||
 	    (!rd && !at && r->opcode != IBV_WR_RDMA_WRITE) ||
 	    (at && (r->remote_addr & 7)))
 		return false;
-	qw = atomic_load_explicit(&m->qp[c->dslot], memory_order_acquire);
-	if (!ursa_pub_alive(m) || (qw & 0xffffff) != c->peer_qpn ||
-	    (((qw >> 24) & (URSA_PUBQ_ACCEPT | need)) != (URSA_PUBQ_ACCEPT | need)))
-		return false;
-	/* Raise the flag before reading the entry: the owner removes an
-	 * entry and then waits for raised flags (ursa_shm_quiesce), so either
-	 * it sees ours or we see the entry gone. The store, then the
-	 * entry's loads after a seq_cst fence (the fence alone orders our
-	 * store before our loads against the owner's seq_cst operations):
-	 * the other half of the pair is in pub.c (ent_write, then the
-	 * owner's loads of busy). */
-	atomic_store_explicit(&c->mem->busy, 1, memory_order_relaxed);
-	atomic_thread_fence(memory_order_seq_cst);
+	*qw = atomic_load_explicit(&m->qp[c->dslot], memory_order_acquire);
+	return ursa_pub_alive(m) && (*qw & 0xffffff) == c->peer_qpn &&
+	       ((*qw >> 24) & (URSA_PUBQ_ACCEPT | need)) ==
+	       (URSA_PUBQ_ACCEPT | need);
+}
+
+/* direct_xfer, the busy flag raised: the target's entry for rkey in
+ * c->dlast, and its mapping. False when the table has none. */
+static bool direct_entry(struct ursa_chan *c, uint32_t rkey)
+{
+	const struct ursa_pubmem *m = c->dpub;
+	struct ursa_dlast *dl = &c->dlast;
+
 	/* The last entry again, unchanged since it was copied (the seq load
 	 * is after the fence, as the lookup's would be), and no MR removed
 	 * since (else the slow way prunes the mappings first)? */
-	if (!dl->valid || dl->e.rkey != r->rkey ||
-	    !ursa_pub_same(m, dl->where, dl->seq) ||
+	if (dl->valid && dl->e.rkey == rkey &&
+	    ursa_pub_same(m, dl->where, dl->seq) &&
 	    atomic_load_explicit((atomic_uint *)&m->gen,
-				 memory_order_relaxed) != c->dgen) {
-		dl->valid = false;
-		if (!ursa_pub_find(m, r->rkey, &dl->e, &dl->where, &dl->seq))
-			goto out;
-		chan_dmap_prune(c, m);
-		dl->base = dl->e.map_len ? chan_dmap(c, &dl->e) : NULL;
-		/* (a mapping that failed is tried again next time) */
-		dl->valid = !dl->e.map_len || dl->base;
-	}
-	e = &dl->e;
-	if (e->pd != (uint32_t)(qw >> 32) || (e->access & acc) != acc ||
-	    !ursa_in_bounds(e->iova, e->length, r->remote_addr, len))
-		goto out;
-	ta = e->addr + (r->remote_addr - e->iova);
-	if (at && (ta & 7))
-		goto out;
-	base = ursa_in_bounds(e->map_start, e->map_len, ta, len) ? dl->base :
-								   NULL;
-	if (base) {
-		map_xfer(r, base + (ta - e->map_start), len, orig);
+				 memory_order_relaxed) == c->dgen)
+		return true;
+	dl->valid = false;
+	if (!ursa_pub_find(m, rkey, &dl->e, &dl->where, &dl->seq))
+		return false;
+	chan_dmap_prune(c, m);
+	dl->base = dl->e.map_len ? chan_dmap(c, &dl->e) : NULL;
+	/* (a mapping that failed is tried again next time) */
+	dl->valid = !dl->e.map_len || dl->base;
+	return true;
+}
+
+/* direct_xfer: the copy to or from target address ta, through our mapping
+ * of the target's pages when it covers them (*base: where it starts),
+ * else by cross-memory attach. Returns the bytes moved, or -1. (Inline,
+ * as map_xfer: the direct path is timed in nanoseconds.) */
+static inline __attribute__((always_inline)) ssize_t
+direct_copy(struct ursa_qp *qp, struct ursa_chan *c, const struct ursa_dop *r,
+	    uint64_t ta, uint64_t *orig, uint8_t **base)
+{
+	const struct ursa_pub_mr *e = &c->dlast.e;
+	bool at = r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+		  r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+	uint64_t len = r->len;
+	ssize_t n = -1;
+
+	*base = ursa_in_bounds(e->map_start, e->map_len, ta, len) ?
+		c->dlast.base : NULL;
+	if (*base) {
+		map_xfer(r, *base + (ta - e->map_start), len, orig);
 		n = (ssize_t)len;
 		/* (the hint for the next post's prefetch: core.h) */
-		atomic_store_explicit(&qp->dhint_delta, (uintptr_t)base -
+		atomic_store_explicit(&qp->dhint_delta, (uintptr_t)*base -
 				      e->map_start + e->addr - e->iova,
 				      memory_order_relaxed);
 		atomic_store_explicit(&qp->dhint_rkey, r->rkey,
@@ -924,6 +959,55 @@ static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
 			c->dcma = false;
 		}
 	}
+	return n;
+}
+
+/*
+ * Direct path (pub.h): an RDMA WRITE, READ or atomic whose target QP and
+ * MR the target's table vouches for is carried out here, by the requester,
+ * straight between the two MRs: by memcpy (or a locked instruction) when
+ * the target's pages are mapped here (shmap.h), else by one
+ * process_vm_writev/readv (not for atomics, which a system call cannot make
+ * atomic). The target process is not woken and its engine does nothing.
+ * Returns false when the table cannot prove the access allowed or the copy
+ * did not complete: the WQE then goes the ordinary way, where the target's
+ * responder checks it again and names the check that refuses.
+ */
+static bool direct_xfer(struct ursa_qp *qp, struct ursa_chan *c,
+			const struct ursa_dop *r, uint64_t *orig)
+{
+	bool rd = r->opcode == IBV_WR_RDMA_READ;
+	bool at = r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+		  r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+	uint32_t need = at ? URSA_PUBQ_ATOMIC : rd ? URSA_PUBQ_READ : URSA_PUBQ_WRITE;
+	unsigned int acc = at ? IBV_ACCESS_REMOTE_ATOMIC :
+			   rd ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+	uint64_t len = r->len, qw, ta;
+	const struct ursa_pub_mr *e;
+	uint8_t *base = NULL;
+	ssize_t n = -1;
+
+	if (!direct_qp_ok(c, r, need, &qw))
+		return false;
+	/* Raise the flag before reading the entry: the owner removes an
+	 * entry and then waits for raised flags (ursa_shm_quiesce), so either
+	 * it sees ours or we see the entry gone. The store, then the
+	 * entry's loads after a seq_cst fence (the fence alone orders our
+	 * store before our loads against the owner's seq_cst operations):
+	 * the other half of the pair is in pub.c (ent_write, then the
+	 * owner's loads of busy). */
+	atomic_store_explicit(&c->mem->busy, 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_seq_cst);
+	if (!direct_entry(c, r->rkey))
+		goto out;
+	e = &c->dlast.e;
+	if (e->pd != (uint32_t)(qw >> 32) || (e->access & acc) != acc ||
+	    !ursa_in_bounds(e->iova, e->length, r->remote_addr, len))
+		goto out;
+	ta = e->addr + (r->remote_addr - e->iova);
+	if (at && (ta & 7))
+		goto out;
+	n = direct_copy(qp, c, r, ta, orig, &base);
 out:
 	/* Release: our copy is complete before the owner sees the flag
 	 * down (memcpy's stores, or process_vm_* returned). */
@@ -1114,6 +1198,38 @@ static int step_timeout(struct ursa_qp *qp, struct ursa_chan *c,
 	return 0;
 }
 
+/* ursa_shm_step with an answer at the head of the channel's answer ring:
+ * take it; an ACK of one fragment sends the next. Returns as
+ * ursa_shm_step. */
+static int step_answered(struct ursa_qp *qp, struct ursa_chan *c,
+			 struct ursa_send_wqe *w, const struct ursa_req *r,
+			 uint64_t now, struct ursa_resp *resp, uint64_t *until)
+{
+	bool rc = qp->ex.qp_base.qp_type == IBV_QPT_RC;
+	uint64_t sent;
+
+	take_answer(c, w, r, resp);
+	if (resp->ack != URSA_ACK) {
+		if (resp->ack == URSA_DROPPED && rc)	/* RC: "no answer" */
+			return step_timeout(qp, c, w, r, now, resp, until);
+		return 1;
+	}
+	c->seq++;
+	if (r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	    r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+		return 1;
+	/* Acknowledged a fragment: the next one goes now. */
+	sent = (r->msg_len <= URSA_SHM_INLINE || !c->cma) ?
+		MIN(r->msg_len - w->shm.xfer_off, (uint64_t)URSA_SHM_INLINE) :
+		r->msg_len;
+	w->shm.xfer_off += sent;
+	if (w->shm.xfer_off >= r->msg_len)
+		return 1;
+	push_request(qp, c, w, r, now);
+	*until = w->deadline_ns;
+	return 0;
+}
+
 int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 		  const struct ursa_req *r, uint64_t now,
 		  struct ursa_resp *resp, uint64_t *until)
@@ -1128,7 +1244,7 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	 * channel died right after. */
 	if (c && c->state == URSA_CHAN_DEAD && c->mem && w->inflight &&
 	    peek_resp(c))
-		goto answered;
+		return step_answered(qp, c, w, r, now, resp, until);
 	if (!c || c->state == URSA_CHAN_DEAD) {
 		/* Nobody answers. UC/UD never know; RC waits for its ACK
 		 * timeout like for a lost packet. */
@@ -1152,37 +1268,13 @@ int ursa_shm_step(struct ursa_qp *qp, struct ursa_send_wqe *w,
 	if (!w->inflight) {
 		/* (the direct path was tried first: ursa_shm_direct) */
 		push_request(qp, c, w, r, now);
-		goto wait_nocheck;
+		*until = w->deadline_ns;
+		return 0;
 	}
-	if (!peek_resp(c))
-		goto wait;
-answered:
-	take_answer(c, w, r, resp);
-	if (resp->ack != URSA_ACK) {
-		if (resp->ack == URSA_DROPPED && rc)	/* RC: "no answer" */
-			return step_timeout(qp, c, w, r, now, resp, until);
-		return 1;
-	}
-	c->seq++;
-	if (r->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-	    r->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
-		return 1;
-	/* Acknowledged a fragment: the next one goes now. */
-	{
-		uint64_t sent = (r->msg_len <= URSA_SHM_INLINE || !c->cma) ?
-			MIN(r->msg_len - w->shm.xfer_off,
-			    (uint64_t)URSA_SHM_INLINE) :
-			r->msg_len;
-
-		w->shm.xfer_off += sent;
-	}
-	if (w->shm.xfer_off >= r->msg_len)
-		return 1;
-	push_request(qp, c, w, r, now);
-	goto wait_nocheck;
+	if (peek_resp(c))
+		return step_answered(qp, c, w, r, now, resp, until);
 wait:
 	if (now < w->deadline_ns) {
-wait_nocheck:
 		*until = w->deadline_ns;
 		return 0;
 	}
@@ -1272,6 +1364,47 @@ static bool owns_qpn(pid_t pid, uint32_t qpn)
 	return ok;
 }
 
+/* serve_hello: can we reach the requester's memory? Try it on a word
+ * whose value we know. URSA_CMA=0 forces the slot path (tests,
+ * benchmarks). */
+static bool hello_cma_probe(const struct ursa_chan *c,
+			    const struct ursa_shm_hello *h)
+{
+	uint64_t v = 0;
+	struct iovec l = { &v, 8 }, rv = { (void *)(uintptr_t)h->probe_addr, 8 };
+
+	if (!ursa_cfg()->cma)
+		return false;
+	return process_vm_readv(c->peer_pid, &l, 1, &rv, 1, 0) == 8 &&
+	       v == h->probe_val;
+}
+
+/*
+ * serve_hello: the direct path's table in the welcome, its descriptor
+ * added to out[]. Connected QPs of the same user may take WRITE and READ
+ * directly (pub.h). The table names every published rkey and address:
+ * another uid, which could use none of it (no cross-memory attach, no
+ * /proc/<pid>/fd across users), is not shown it and goes through the
+ * ring, where this side checks every key. Nor is a QP that is not (yet)
+ * this QP's connected peer: the direct path bypasses the responder,
+ * which drops requests from anyone else (resp.c).
+ */
+static void hello_offer_pub(const struct ursa_chan *c, uid_t uid,
+			    struct ursa_shm_welcome *wl, int *out, int *nout)
+{
+	if (c->qp->ex.qp_base.qp_type != IBV_QPT_UD && !wl->status &&
+	    uid == geteuid() &&
+	    c->peer_qpn == (c->qp->attr.dest_qp_num & 0xffffff)) {
+		int fd = ursa_pub_fd(), slot = fd >= 0 ? ursa_pub_qp_slot(c->qp) : -1;
+
+		if (slot >= 0) {
+			wl->qp_slot = slot;
+			wl->pub_fd = fd;
+			out[(*nout)++] = fd;
+		}
+	}
+}
+
 static void serve_hello(struct ursa_shm_eng *e, struct ursa_chan *c)
 {
 	struct ursa_shm_hello h;
@@ -1314,36 +1447,11 @@ static void serve_hello(struct ursa_shm_eng *e, struct ursa_chan *c)
 		wl.status = -EACCES;	/* a forged source QPN */
 	if (wl.status)
 		atomic_fetch_add(&c->qp->cnt.refused_chans, 1);
-	/* Can we reach the requester's memory? Try it on a word whose value
-	 * we know. URSA_CMA=0 forces the slot path (tests, benchmarks). */
-	if (ursa_cfg()->cma) {
-		uint64_t v = 0;
-		struct iovec l = { &v, 8 }, rv = { (void *)(uintptr_t)h.probe_addr, 8 };
-
-		wl.cma_ok = process_vm_readv(c->peer_pid, &l, 1, &rv, 1, 0) == 8 &&
-			    v == h.probe_val;
-	}
+	wl.cma_ok = hello_cma_probe(c, &h);
 	c->cma = wl.cma_ok;
 	out[0] = e->ctl_fd;
 	out[1] = e->efd;
-	/* Connected QPs of the same user may take WRITE and READ directly
-	 * (pub.h). The table names every published rkey and address: another
-	 * uid, which could use none of it (no cross-memory attach, no
-	 * /proc/<pid>/fd across users), is not shown it and goes through the
-	 * ring, where this side checks every key. Nor is a QP that is not
-	 * (yet) this QP's connected peer: the direct path bypasses the
-	 * responder, which drops requests from anyone else (resp.c). */
-	if (c->qp->ex.qp_base.qp_type != IBV_QPT_UD && !wl.status &&
-	    cred.uid == geteuid() &&
-	    c->peer_qpn == (c->qp->attr.dest_qp_num & 0xffffff)) {
-		int fd = ursa_pub_fd(), slot = fd >= 0 ? ursa_pub_qp_slot(c->qp) : -1;
-
-		if (slot >= 0) {
-			wl.qp_slot = slot;
-			wl.pub_fd = fd;
-			out[nout++] = fd;
-		}
-	}
+	hello_offer_pub(c, cred.uid, &wl, out, &nout);
 	if (send_fds(c->sock, &wl, sizeof(wl), out, nout) || wl.status) {
 		chan_dead(e, c);
 		return;
@@ -1553,6 +1661,48 @@ static void serve_one(struct ursa_chan *c, const struct ursa_wreq *q)
 	push_resp(c, out, olen + out->inline_len);
 }
 
+/* ursa_shm_serve: the requests waiting in c's ring, in order; returns
+ * how many. */
+static int serve_requests(struct ursa_shm_eng *e, struct ursa_chan *c)
+{
+	int work = 0;
+
+	while (req_waiting(c)) {
+		uint32_t h = atomic_load_explicit(&c->mem->req_head,
+						  memory_order_relaxed);
+		uint32_t t = atomic_load_explicit(&c->mem->req_tail,
+						  memory_order_acquire);
+
+		if (t - h > URSA_SHM_SLOTS) {
+			/* a corrupt index: the peer is broken */
+			chan_dead(e, c);
+			break;
+		}
+		/* Snapshot the request: the peer may rewrite the slot
+		 * while we execute it. Header first, then only as much
+		 * inline data as it claims (bounded). */
+		struct ursa_wreq *q = e->snap;
+		const struct ursa_wreq *sq = &c->mem->req[h % URSA_SHM_SLOTS];
+
+		memcpy(q, sq, offsetof(struct ursa_wreq, data));
+		q->inline_len = MIN(q->inline_len, (uint32_t)URSA_SHM_INLINE);
+		memcpy(q->data, sq->data, q->inline_len);
+		atomic_store_explicit(&c->mem->req_head, h + 1,
+				      memory_order_release);
+		/* Our QP's own answers from this peer first: an answer the
+		 * peer gave before sending this request completes before it
+		 * does (see on_packet in udp.c). */
+		{
+			uint64_t d = UINT64_MAX, now = 0;
+
+			ursa_shm_up.run_sq(c->qp, &now, &d);
+		}
+		serve_one(c, q);
+		work++;
+	}
+	return work;
+}
+
 int ursa_shm_serve(struct ursa_shm_eng *e)
 {
 	int work = 0;
@@ -1577,39 +1727,7 @@ int ursa_shm_serve(struct ursa_shm_eng *e)
 			chan_free(e, c);
 			continue;
 		}
-		while (req_waiting(c)) {
-			uint32_t h = atomic_load_explicit(&c->mem->req_head,
-							  memory_order_relaxed);
-			uint32_t t = atomic_load_explicit(&c->mem->req_tail,
-							  memory_order_acquire);
-
-			if (t - h > URSA_SHM_SLOTS) {
-				/* a corrupt index: the peer is broken */
-				chan_dead(e, c);
-				break;
-			}
-			/* Snapshot the request: the peer may rewrite the
-			 * slot while we execute it. Header first, then only
-			 * as much inline data as it claims (bounded). */
-			struct ursa_wreq *q = e->snap;
-			const struct ursa_wreq *sq = &c->mem->req[h % URSA_SHM_SLOTS];
-
-			memcpy(q, sq, offsetof(struct ursa_wreq, data));
-			q->inline_len = MIN(q->inline_len, (uint32_t)URSA_SHM_INLINE);
-			memcpy(q->data, sq->data, q->inline_len);
-			atomic_store_explicit(&c->mem->req_head, h + 1,
-					      memory_order_release);
-			/* Our QP's own answers from this peer first: an
-			 * answer the peer gave before sending this request
-			 * completes before it does (see on_packet in udp.c). */
-			{
-				uint64_t d = UINT64_MAX, now = 0;
-
-				ursa_shm_up.run_sq(c->qp, &now, &d);
-			}
-			serve_one(c, q);
-			work++;
-		}
+		work += serve_requests(e, c);
 		pp = &c->next;
 	}
 	return work;
