@@ -286,10 +286,10 @@ void ursa_mr_unmapped(uintptr_t start, uintptr_t end)
 	free(w.v);
 }
 
-int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
-		  void *addr, size_t length, unsigned int access)
+/* ursa_mr_rereg's checks, before anything changes. */
+static int rereg_check(const struct ursa_mr *mr, int flags, void *addr,
+		       size_t length, unsigned int access)
 {
-	struct ursa_mr tmp;
 	int ret;
 
 	if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
@@ -309,6 +309,43 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 		if (ret)
 			return ret;
 	}
+	return 0;
+}
+
+/* ursa_mr_rereg's new translation, the MR fenced off: the new range is
+ * mapped first, so a failure leaves the old one in place. */
+static int rereg_translation(struct ursa_mr *mr, void *addr, size_t length)
+{
+	struct ursa_mr tmp;
+	int ret;
+
+	memset(&tmp, 0, sizeof(tmp));
+	tmp.odp = mr->odp;
+	ret = mr_map(&tmp, addr, length);
+	if (ret)
+		return ret;
+	mr_unmap(mr);
+	mr->mtt = tmp.mtt;
+	mr->pin_start = tmp.pin_start;
+	mr->pin_end = tmp.pin_end;
+	mr->cached = tmp.cached;
+	mr->shm = tmp.shm;
+	mr->addr = (uintptr_t)addr;
+	atomic_store(&mr->gone, false);
+	mr->iova = (uintptr_t)addr;
+	mr->length = length;
+	mr->ibv.addr = addr;
+	mr->ibv.length = length;
+	return 0;
+}
+
+int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
+		  void *addr, size_t length, unsigned int access)
+{
+	int ret = rereg_check(mr, flags, addr, length, access);
+
+	if (ret)
+		return ret;
 	/* Fence off accesses while the MR changes: the keys stay the same
 	 * but the MR is invalid until the new translation is in place. */
 	atomic_store(&mr->state, URSA_MR_INVALID);
@@ -317,26 +354,13 @@ int ursa_mr_rereg(struct ursa_mr *mr, int flags, struct ursa_pd *pd,
 	wait_idle(&mr->lk);
 	wait_idle(&mr->rk);
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
-		memset(&tmp, 0, sizeof(tmp));
-		tmp.odp = mr->odp;
-		ret = mr_map(&tmp, addr, length);
+		ret = rereg_translation(mr, addr, length);
 		if (ret) {
+			/* (the old translation stands: valid again) */
 			atomic_store(&mr->state, URSA_MR_VALID);
 			ursa_pub_mr_add(mr);
 			return ret;
 		}
-		mr_unmap(mr);
-		mr->mtt = tmp.mtt;
-		mr->pin_start = tmp.pin_start;
-		mr->pin_end = tmp.pin_end;
-		mr->cached = tmp.cached;
-		mr->shm = tmp.shm;
-		mr->addr = (uintptr_t)addr;
-		atomic_store(&mr->gone, false);
-		mr->iova = (uintptr_t)addr;
-		mr->length = length;
-		mr->ibv.addr = addr;
-		mr->ibv.length = length;
 	}
 	if (flags & IBV_REREG_MR_CHANGE_PD) {
 		atomic_fetch_sub(&mr->pd->refs, 1);
