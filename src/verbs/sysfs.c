@@ -38,6 +38,39 @@ EXPORT const char *ibv_get_sysfs_path(void)
 	return "/sys";
 }
 
+/* ursa_sysfs_file for the GID table's files (ports/1/gids/N and
+ * ports/1/gid_attrs/...), and -1 for any other name. */
+static int gid_file(const struct ursa_device *dev, const char *rel,
+		    char *out, size_t len)
+{
+	unsigned int i;
+
+	if (sscanf(rel, "ports/1/gids/%u", &i) == 1 && i < URSA_MAX_GIDS) {
+		/* An empty entry reads as the zero GID, as in the kernel. */
+		static const uint8_t zero[16];
+		const uint8_t *r = i < (unsigned)dev->ngids ?
+					   dev->gids[i].gid.raw : zero;
+
+		return snprintf(out, len,
+				"%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x",
+				r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
+				r[8], r[9], r[10], r[11], r[12], r[13], r[14],
+				r[15]);
+	}
+	if (sscanf(rel, "ports/1/gid_attrs/types/%u", &i) == 1 &&
+	    i < (unsigned)dev->ngids)
+		return snprintf(out, len, "RoCE v2");
+	if (sscanf(rel, "ports/1/gid_attrs/ndevs/%u", &i) == 1 &&
+	    i < (unsigned)dev->ngids) {
+		char name[IF_NAMESIZE] = "";
+
+		if (!if_indextoname((unsigned)dev->gids[i].ifindex, name))
+			name[0] = '\0';
+		return snprintf(out, len, "%s", name);
+	}
+	return -1;
+}
+
 /* The value of file rel under the device's sysfs directory, without the
  * trailing newline: its length, or -1 if a real device has no such file
  * (or, as for the attributes of an empty GID entry, cannot read it). */
@@ -45,7 +78,6 @@ int ursa_sysfs_file(const char *rel, char *out, size_t len)
 {
 	struct ursa_device *dev = ursa_device_get();
 	const uint8_t *g = (const uint8_t *)&dev->node_guid;
-	unsigned int i;
 
 	if (!strcmp(rel, "board_id"))
 		return snprintf(out, len, "URSA_SOFT_RDMA");
@@ -84,30 +116,7 @@ int ursa_sysfs_file(const char *rel, char *out, size_t len)
 				IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS);
 	if (!strcmp(rel, "ports/1/pkeys/0"))
 		return snprintf(out, len, "0xffff");
-	if (sscanf(rel, "ports/1/gids/%u", &i) == 1 && i < URSA_MAX_GIDS) {
-		/* An empty entry reads as the zero GID, as in the kernel. */
-		static const uint8_t zero[16];
-		const uint8_t *r = i < (unsigned)dev->ngids ?
-					   dev->gids[i].gid.raw : zero;
-
-		return snprintf(out, len,
-				"%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x",
-				r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
-				r[8], r[9], r[10], r[11], r[12], r[13], r[14],
-				r[15]);
-	}
-	if (sscanf(rel, "ports/1/gid_attrs/types/%u", &i) == 1 &&
-	    i < (unsigned)dev->ngids)
-		return snprintf(out, len, "RoCE v2");
-	if (sscanf(rel, "ports/1/gid_attrs/ndevs/%u", &i) == 1 &&
-	    i < (unsigned)dev->ngids) {
-		char name[IF_NAMESIZE] = "";
-
-		if (!if_indextoname((unsigned)dev->gids[i].ifindex, name))
-			name[0] = '\0';
-		return snprintf(out, len, "%s", name);
-	}
-	return -1;
+	return gid_file(dev, rel, out, len);
 }
 
 EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf,
