@@ -95,7 +95,11 @@ void rc_go_back(struct ursa_qp *qp, struct ursa_rc *u, bool atomic,
 	u->timing = false;
 	u->backoff++;
 	u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
-	u->ssthresh = MAX(URSA_UDP_WINDOW, u->cwnd);
+	/* Go-back-N resends the window: the threshold keeps it at least
+	 * URSA_UDP_WINDOW (rc_window_grow). A peer that repeats selectively
+	 * loses nothing by a small window: TCP's threshold, which lets a
+	 * flow next to others back off (docs/design.md "Congestion"). */
+	u->ssthresh = u->sr.on ? u->cwnd : MAX(URSA_UDP_WINDOW, u->cwnd);
 	u->cwnd_acc = 0;
 	rc_sr_forget(u);
 	if (u->m.is_read)
