@@ -43,17 +43,20 @@ static uint8_t req_opcode(uint32_t op, bool first, bool last, bool imm_inv)
 	}
 }
 
-/* Whether packet k of the message asks for an ACK: the last, every
- * URSA_UDP_ACKREQ_EVERY-th, and the one that fills the window (a window smaller
- * than URSA_UDP_ACKREQ_EVERY after losses must still be acknowledged). Each ACK
- * costs the responder a send, which on a veth path carries it through
- * the whole stack: fewer ACKs, more bandwidth. */
+/* Whether packet k of the message asks for an ACK: the last, the one
+ * that fills the window, and every URSA_UDP_ACKREQ_EVERY-th, or every
+ * quarter window when the window is smaller. Each ACK costs the
+ * responder a send, which on a veth path carries it through the whole
+ * stack: fewer ACKs, more bandwidth. But a small window (after losses)
+ * asked only at its end stalls whenever that one packet is lost: nothing
+ * answers until the RTO, and no later packet shows the responder the gap. */
 static bool ack_wanted(const struct ursa_qp *qp, const struct ursa_rc *u,
 		       uint32_t k, bool last)
 {
+	uint32_t every = MIN(URSA_UDP_ACKREQ_EVERY, MAX(4u, u->cwnd / 4));
+
 	return qp->ex.qp_base.qp_type == IBV_QPT_RC &&
-	       (last ||
-		k % URSA_UDP_ACKREQ_EVERY == URSA_UDP_ACKREQ_EVERY - 1 ||
+	       (last || k % every == every - 1 ||
 		k + 1 == u->m.acked + u->cwnd);
 }
 
