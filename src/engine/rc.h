@@ -129,6 +129,7 @@ struct ursa_rc {
 		uint64_t sacked[URSA_SR_SLOTS / 64], want[URSA_SR_SLOTS / 64],
 			 resent[URSA_SR_SLOTS / 64];
 	} sr;
+	uint64_t tlp_at;	/* the tail loss probe is due (rc_tlp) */
 	bool timing;		/* one packet's round trip being timed */
 	uint32_t t_psn;
 	uint64_t t_sent;
@@ -195,6 +196,8 @@ void rc_go_back(struct ursa_qp *qp, struct ursa_rc *u, bool atomic,
 		uint64_t now);
 void rc_pipe_collapse(struct ursa_rc *u);
 void rc_comp_cnp(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now);
+void rc_tlp(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now);
+uint64_t rc_wait_until(const struct ursa_rc *u);
 int rc_comp_pipe_head(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now,
 		      struct ursa_resp *resp, uint64_t *until);
 int rc_comp_decide(struct ursa_qp *qp, struct ursa_rc *u,
@@ -231,6 +234,7 @@ void rc_sr_mark(struct ursa_rc *u, uint32_t psn);
 bool rc_sr_asked(const struct ursa_rc *u, uint32_t psn);
 void rc_sr_mark_asked(struct ursa_rc *u, uint32_t psn, uint64_t now);
 void rc_sr_epoch(struct ursa_rc *u, uint64_t now);
+void rc_sr_want(struct ursa_rc *u, uint32_t psn);
 
 /* rc_ack.c */
 void rc_ack_emit(struct ursa_rc *u, bool along);

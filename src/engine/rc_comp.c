@@ -450,6 +450,53 @@ static void msg_acked(struct ursa_qp *qp, struct ursa_rc *u, uint32_t n)
 }
 
 /*
+ * Tail loss probe (selective repeat; TCP's, RFC 8985 7): the answers
+ * stopped for two round trips while packets are out. A loss at the tail of
+ * what was sent shows the responder no later packet, so no SACK tells of
+ * it, and the RTO (at least URSA_RTO_US, for hosts whose processes wait for
+ * a core) is many round trips. Probe once per quiet spell: a READ asks
+ * again for its missing responses, a WRITE or SEND sends its last packet
+ * again, asking for an ACK. Neither goes back nor cuts the window; the RTO
+ * still does if the probe brings nothing.
+ */
+static uint64_t tlp_ns(struct ursa_qp *qp, const struct ursa_rc *u)
+{
+	uint64_t rto = rc_rto_ns(qp);
+
+	return u->srtt ? MIN(rto, MAX(2 * u->srtt, URSA_TLP_MIN_NS)) : rto;
+}
+
+void rc_tlp(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now)
+{
+	u->tlp_at = UINT64_MAX;
+	if (!u->sr.on || !u->m.active || u->m.done || u->m.nak ||
+	    u->m.sent <= u->m.acked)
+		return;
+	if (u->m.is_read) {
+		/* the responses past the last one in place or held (the
+		 * holes before it were asked for when it came) */
+		struct rd r = rd_msg(u);
+		uint32_t k = r.end;
+
+		while (k > r.acked && !rc_sr_has(u, psn_add(r.first, k - 1)))
+			k--;
+		r.acked = k;
+		rd_ask_missing(qp, u, &r, r.end, now);
+	} else if (rc_pipe_class(u->m.op) == 1) {
+		rc_sr_want(u, psn_add(u->m.first, u->m.sent - 1));
+	}
+}
+
+/* When the requester's next timer is due: the ACK timeout, the RTO, the
+ * tail loss probe */
+uint64_t rc_wait_until(const struct ursa_rc *u)
+{
+	uint64_t t = MIN(u->m.deadline, u->m.rto);
+
+	return u->sr.on ? MIN(t, u->tlp_at) : t;
+}
+
+/*
  * A NAK with a SACK (selective repeat, rc_sr.c) while WRITEs and SENDs are
  * in flight: the cumulative ACK of the PSNs before the NAK's, and what the
  * responder holds after it; nothing goes back. Returns whether it was
@@ -518,6 +565,7 @@ static void on_response(struct ursa_qp *qp, struct ursa_rc *u,
 	 * duplicates, and no answer to the newest request gets through
 	 * (congestion collapse). Only progress moves the ACK timeout. */
 	u->m.rto = rc_after(ursa_now_ns(), rc_rto_ns(qp));
+	u->tlp_at = rc_after(ursa_now_ns(), tlp_ns(qp, u));
 	if (!psn_in_flight(u, p->psn)) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_stale, 1);
 		return;
@@ -582,7 +630,7 @@ int rc_comp_pipe_head(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now,
 	}
 	if (!u->pipe_nak && !u->pipe_gap && now < u->m.deadline &&
 	    now < u->m.rto) {
-		*until = MIN(u->m.deadline, u->m.rto);
+		*until = rc_wait_until(u);
 		return 0;
 	}
 	rc_pipe_collapse(u);

@@ -332,7 +332,7 @@ bool ursa_rc_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 {
 	struct ursa_rc *u = qp->rc;
 
-	if (u && sr_wanted(u, w))
+	if (u && (sr_wanted(u, w) || (u->sr.on && now >= u->tlp_at)))
 		return true;
 	if (u && u->pipe_n && PIPE(u, 0)->wqe == w)
 		return PIPE(u, 0)->done || u->pipe_nak || u->pipe_gap ||
@@ -579,6 +579,8 @@ static int step(struct ursa_qp *qp, struct ursa_rc *u, struct ursa_send_wqe *w,
 	const addr_t *src = &r->sgid, *dst = &r->dgid;
 	int ret;
 
+	if (u->sr.on && now >= u->tlp_at)
+		rc_tlp(qp, u, now);
 	if (u->sr.nwant)
 		sr_resend(qp, u, w, r, src, dst, now);
 	if (u->pipe_n && PIPE(u, 0)->wqe == w) {
@@ -593,7 +595,7 @@ static int step(struct ursa_qp *qp, struct ursa_rc *u, struct ursa_send_wqe *w,
 			 * (their NAK or timeout is the oldest one's step) */
 			if (u->m.wqe == w && !u->m.nak)
 				send_more(qp, u, r, w, src, dst, now);
-			*until = MIN(u->m.deadline, u->m.rto);
+			*until = rc_wait_until(u);
 			return 0;
 		}
 		pipe_push(u);
@@ -604,7 +606,7 @@ static int step(struct ursa_qp *qp, struct ursa_rc *u, struct ursa_send_wqe *w,
 	if (!ret)
 		ret = msg_send(qp, u, w, r, src, dst, now, resp);
 	if (!ret)
-		*until = MIN(u->m.deadline, u->m.rto);
+		*until = rc_wait_until(u);
 	return ret;
 }
 

@@ -292,6 +292,7 @@ void rc_sr_start(struct ursa_rc *u, uint32_t una)
 	rc_sr_forget(u);
 	u->sr.on = true;
 	u->sr.una = una;
+	u->tlp_at = UINT64_MAX;	/* (armed by the next answer) */
 }
 
 static bool in_bits(const struct ursa_rc *u, uint32_t psn)
@@ -337,6 +338,16 @@ void rc_sr_epoch(struct ursa_rc *u, uint64_t now)
 	if (u->sr.resent_at && now - u->sr.resent_at > 2 * rtt) {
 		memset(u->sr.resent, 0, sizeof(u->sr.resent));
 		u->sr.resent_at = 0;
+	}
+}
+
+/* Want psn again, resent lately or not (the tail loss probe) */
+void rc_sr_want(struct ursa_rc *u, uint32_t psn)
+{
+	if (in_bits(u, psn) && !BIT(u->sr.sacked, psn) &&
+	    !BIT(u->sr.want, psn)) {
+		SET(u->sr.want, psn);
+		u->sr.nwant++;
 	}
 }
 

@@ -56,6 +56,7 @@
  * holds (one SACK bit each), and a SACK at least every this many */
 #define URSA_SR_SLOTS 2048
 #define URSA_SR_SACK_EVERY 8
+#define URSA_TLP_MIN_NS 100000ull	/* tail loss probe: at least this quiet */
 #define URSA_UDP_PIPE 32	/* messages in flight per QP before the newest */
 #define URSA_UDP_MAX_PKT (4096 + 128)
 #define URSA_UDP_GRO_BUF 65536	/* a receive may hold a coalesced run */
