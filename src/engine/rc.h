@@ -235,6 +235,7 @@ bool rc_sr_asked(const struct ursa_rc *u, uint32_t psn);
 void rc_sr_mark_asked(struct ursa_rc *u, uint32_t psn, uint64_t now);
 void rc_sr_epoch(struct ursa_rc *u, uint64_t now);
 void rc_sr_want(struct ursa_rc *u, uint32_t psn);
+void rc_sr_unask(struct ursa_rc *u, uint32_t psn);
 
 /* rc_ack.c */
 void rc_ack_emit(struct ursa_rc *u, bool along);

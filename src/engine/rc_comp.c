@@ -473,15 +473,20 @@ void rc_tlp(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now)
 	    u->m.sent <= u->m.acked)
 		return;
 	if (u->m.is_read) {
-		/* the responses past the last one in place or held (the
-		 * holes before it were asked for when it came) */
+		/* one run: the first hole (its request may have been lost
+		 * too: asked again, whenever asked before), else the
+		 * responses past the last one held. Not more: responses
+		 * that are only late would come twice, and a responder
+		 * that is behind would fall further behind. */
 		struct rd r = rd_msg(u);
-		uint32_t k = r.end;
+		uint32_t k = r.acked, j;
 
-		while (k > r.acked && !rc_sr_has(u, psn_add(r.first, k - 1)))
-			k--;
+		while (k < r.end && rc_sr_has(u, psn_add(r.first, k)))
+			k++;
+		for (j = k; j < r.end && !rc_sr_has(u, psn_add(r.first, j)); j++)
+			rc_sr_unask(u, psn_add(r.first, j));
 		r.acked = k;
-		rd_ask_missing(qp, u, &r, r.end, now);
+		rd_ask_missing(qp, u, &r, j, now);
 	} else if (rc_pipe_class(u->m.op) == 1) {
 		rc_sr_want(u, psn_add(u->m.first, u->m.sent - 1));
 	}

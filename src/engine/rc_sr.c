@@ -341,6 +341,13 @@ void rc_sr_epoch(struct ursa_rc *u, uint64_t now)
 	}
 }
 
+/* psn may be asked for again at once (the tail loss probe) */
+void rc_sr_unask(struct ursa_rc *u, uint32_t psn)
+{
+	if (in_bits(u, psn))
+		CLR(u->sr.resent, psn);
+}
+
 /* Want psn again, resent lately or not (the tail loss probe) */
 void rc_sr_want(struct ursa_rc *u, uint32_t psn)
 {
