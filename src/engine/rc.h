@@ -22,7 +22,7 @@
  *              resends only what they show missing
  *
  * retry_cnt and rnr_retry are taken only through ursa_retry_take and
- * ursa_rnr_retry_take (engine.h). Packets leave and arrive through the UDP
+ * ursa_rnr_retry_take (core/request.h). Packets leave and arrive through the UDP
  * transport's wire interface (transport/udp.h): the engine builds each
  * packet in the transport's send slot and hands it over; the transport
  * checks the ICRC of what it receives (which covers the IP and UDP
