@@ -256,11 +256,14 @@ static bool window_has(const struct ursa_rc *u, uint32_t more)
 	       (!u->sr.on || out < URSA_SR_SLOTS - 1);
 }
 
-/* Packets of m that may go out now. */
+/* Packets of m that may go out now. UC and UD have no window: nothing
+ * acknowledges their packets (a UC message longer than the window
+ * waited for ACKs that never come). */
 static bool window_open(const struct ursa_rc *u)
 {
 	return !u->m.is_read && u->m.sent < u->m.npkts &&
-	       window_has(u, u->m.sent - u->m.acked);
+	       (u->qp->ex.qp_base.qp_type != IBV_QPT_RC ||
+		window_has(u, u->m.sent - u->m.acked));
 }
 
 /* Are packets of w wanted again (sr_resend)? */

@@ -45,7 +45,8 @@ for cmd in "ibv_rc_pingpong -g 0 -c -n 300" "ibv_uc_pingpong -g 0 -n 300" \
 done
 for cmd in "ib_write_bw -F -n 300" "ib_read_bw -F -n 300" "ib_send_bw -F -n 300" \
 	   "ib_write_lat -F -n 300" "ib_read_lat -F -n 300" "ib_atomic_lat -F -n 300" \
-	   "ib_send_lat -F -n 300 -c UD" "ib_write_bw -F -n 300 -c UC"; do
+	   "ib_send_lat -F -n 300 -c UD" "ib_write_bw -F -n 300 -c UC" \
+	   "ib_write_bw -F -n 100 -c UC -s 1048576"; do
 	command -v ${cmd%% *} >/dev/null || { skp "$cmd" "perftest not installed"; continue; }
 	pair 60 $cmd
 	if [ $crc = 0 ] && [ $src = 0 ] &&
