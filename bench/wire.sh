@@ -6,7 +6,9 @@
 # (TCP stream) and sockperf (UDP ping-pong). Clean, then with 1% and 5%
 # random loss on the router (every packet, both ways: TCP loses as much),
 # then two flows, ursa's WRITEs and a TCP stream, through one 200 Mbit/s
-# bottleneck, and the CPU time each side spends per GiB. Needs root,
+# bottleneck (and, as the control, two TCP streams through the same
+# queue: what a fair share looks like on this path), and the CPU time
+# each side spends per GiB. Needs root,
 # ethtool, iperf3 and sockperf. Reports; asserts nothing.
 #   bench/wire.sh [BUILD] [CSV]
 # CSV rows: what,loss,ursa,peer (MB/s: 10^6 bytes | us one way | s/GiB).
@@ -31,7 +33,9 @@ ip netns exec $H2 ethtool -K v2h gro on >/dev/null 2>&1
 [ -n "$CSV" ] && echo "what,loss,ursa,peer" >"$CSV"
 MIB=1.048576	# perftest's MB/sec is 2^20 bytes a second
 SECS=4
-FAIR=10	# seconds the two flows share the queue
+FAIR=30	# seconds the two flows share the queue (in 10 s two TCP
+	# streams ended anywhere between 0.07x and 14x each other's share:
+	# who filled the queue first kept it; in 30 s they converge)
 
 loss() { # PROBABILITY (0: none) on every forwarded packet
 	ip netns exec $R iptables -F FORWARD
@@ -101,9 +105,20 @@ ip netns exec $H2 $E timeout 300 ib_write_bw -F -s 65536 -D $FAIR $IP1 >"$tmp/ib
 wait
 tb=$(awk '/receiver/ {for (i = 1; i < NF; i++) if ($(i + 1) == "Mbits/sec") v = $i / 8} END {printf "%.1f", v}' "$tmp/iperf")
 ub=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+/ {v = $4} END {printf "%.1f", v * 1.048576}' "$tmp/ib")
-ip netns exec $R tc qdisc del dev v1r root
 echo "  ursa WRITE 64 KiB $ub MB/s, iperf3 $tb MB/s: ursa has $(awk -v a="$ub" -v b="$tb" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}')x TCP's share"
 [ -n "$CSV" ] && echo "share,0,$ub,$tb" >>"$CSV"
+# the control: two TCP streams through the same queue
+ip netns exec $H1 iperf3 -s -1 -p 5204 >/dev/null 2>&1 &
+ip netns exec $H1 iperf3 -s -1 -p 5205 >/dev/null 2>&1 &
+sleep 0.3
+ip netns exec $H2 iperf3 -c $IP1 -p 5204 -t $FAIR -f m >"$tmp/tcp1" 2>&1 &
+ip netns exec $H2 iperf3 -c $IP1 -p 5205 -t $FAIR -f m >"$tmp/tcp2" 2>&1
+wait
+t1=$(awk '/receiver/ {for (i = 1; i < NF; i++) if ($(i + 1) == "Mbits/sec") v = $i / 8} END {printf "%.1f", v}' "$tmp/tcp1")
+t2=$(awk '/receiver/ {for (i = 1; i < NF; i++) if ($(i + 1) == "Mbits/sec") v = $i / 8} END {printf "%.1f", v}' "$tmp/tcp2")
+ip netns exec $R tc qdisc del dev v1r root
+echo "  control: two iperf3 streams $t1 and $t2 MB/s: $(awk -v a="$t1" -v b="$t2" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}')x"
+[ -n "$CSV" ] && echo "share_tcp_tcp,0,$t1,$t2" >>"$CSV"
 
 echo
 echo "CPU seconds per GiB moved (user + system, both sides), 1 MiB, clean"

@@ -55,6 +55,7 @@ struct ursa_rc {
 				 * (psn_sent; next_psn goes back at
 				 * pipe_collapse, this does not) */
 	uint64_t srtt, rttvar;	/* round-trip estimate, ns (0: none yet) */
+	uint64_t rtt_min;	/* the least round trip seen */
 	unsigned backoff;	/* early retransmissions with no progress */
 	struct ursa_udp_pfx pfx;	/* of our data packets (send_data_pkt) */
 	struct ursa_udp_pfx rpfx;	/* of our READ responses (on_read_req) */

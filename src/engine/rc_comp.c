@@ -33,6 +33,16 @@ static void rtt_acked_psn(struct ursa_rc *u, uint32_t last, uint64_t now)
 		return;
 	u->timing = false;
 	r = now - u->t_sent;
+	if (!u->rtt_min || r < u->rtt_min)
+		u->rtt_min = r;
+	/* Slow start ends when the round trip grows well past the least
+	 * one: a queue is building (HyStart's delay test, Ha and Rhee
+	 * 2011), so the window stops doubling into it before it drops
+	 * packets. A flow next to others then takes its share from
+	 * there, not from a queue it filled first. */
+	if (u->cwnd < u->ssthresh && r > 2 * u->rtt_min &&
+	    r - u->rtt_min > URSA_SS_EXIT_DELAY_NS)
+		u->ssthresh = u->cwnd;
 	if (!u->srtt) {
 		u->srtt = r;
 		u->rttvar = r / 2;

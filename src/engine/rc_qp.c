@@ -24,7 +24,7 @@ int ursa_rc_qp_init(struct ursa_qp *qp)
 		return -ENOMEM;
 	pthread_mutex_init(&u->lock, NULL);
 	u->qp = qp;
-	u->cwnd = URSA_UDP_WINDOW;
+	u->cwnd = URSA_UDP_WINDOW_INIT;
 	u->ssthresh = URSA_UDP_WINDOW_MAX;
 	ursa_udp_ep_open(&u->ep, qp->ex.qp_base.qp_num);
 	qp->rc = u;

@@ -49,6 +49,9 @@
  * path MTU, at least 16 after losses (window_max) */
 #define URSA_UDP_WINDOW_BYTES (2u << 20)
 #define URSA_UDP_WINDOW 256
+#define URSA_UDP_WINDOW_INIT 32	/* a new QP's window, in slow start */
+/* slow start ends when a round trip takes this much over the least */
+#define URSA_SS_EXIT_DELAY_NS 500000ull
 #define URSA_UDP_WINDOW_MAX 2048
 #define URSA_UDP_WINDOW_MIN 16
 #define URSA_UDP_ACKREQ_EVERY 64  /* packets between AckReq bits */
