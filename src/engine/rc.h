@@ -120,15 +120,17 @@ struct ursa_rc {
 	/* requester: selective repeat (rc_sr.c), one bit per PSN from una
 	 * (bit psn % URSA_SR_SLOTS): held by the responder (a READ's
 	 * response: placed out of order), to resend, resent (asked for
-	 * again) since resent_at */
+	 * again) in this period of two round trips (from tick_at) and in
+	 * the one before (resent_old) */
 	struct {
 		bool on;	/* the peer has sent a SACK or READ responses
 				 * marked ROCE_BTH4_SR */
 		uint32_t una;	/* the PSN the responder expects */
 		uint32_t nsacked, nwant;
-		uint64_t resent_at, cut_at;
+		uint64_t tick_at, cut_at;
 		uint64_t sacked[URSA_SR_SLOTS / 64], want[URSA_SR_SLOTS / 64],
-			 resent[URSA_SR_SLOTS / 64];
+			 resent[URSA_SR_SLOTS / 64],
+			 resent_old[URSA_SR_SLOTS / 64];
 	} sr;
 	uint64_t tlp_at;	/* the tail loss probe is due (rc_tlp) */
 	bool timing;		/* one packet's round trip being timed */
@@ -228,12 +230,12 @@ void rc_sr_advance(struct ursa_rc *u, uint32_t psn);
 void rc_sr_sack(struct ursa_rc *u, uint32_t psn, const uint8_t *bits,
 		unsigned nbits, uint32_t hi, uint64_t now);
 bool rc_sr_wants(const struct ursa_rc *u, uint32_t first, uint32_t n);
-int rc_sr_take(struct ursa_rc *u, uint32_t first, uint32_t n, uint64_t now);
+int rc_sr_take(struct ursa_rc *u, uint32_t first, uint32_t n);
 void rc_sr_start(struct ursa_rc *u, uint32_t una);
 bool rc_sr_has(const struct ursa_rc *u, uint32_t psn);
 void rc_sr_mark(struct ursa_rc *u, uint32_t psn);
 bool rc_sr_asked(const struct ursa_rc *u, uint32_t psn);
-void rc_sr_mark_asked(struct ursa_rc *u, uint32_t psn, uint64_t now);
+void rc_sr_mark_asked(struct ursa_rc *u, uint32_t psn);
 void rc_sr_epoch(struct ursa_rc *u, uint64_t now);
 void rc_sr_want(struct ursa_rc *u, uint32_t psn);
 void rc_sr_unask(struct ursa_rc *u, uint32_t psn);

@@ -270,7 +270,7 @@ static void rd_ask_missing(struct ursa_qp *qp, struct ursa_rc *u,
 			      (uint32_t)MIN(r->len - (uint64_t)k * r->mtu,
 					    (uint64_t)(j - k) * r->mtu));
 		for (uint32_t i = k; i < j; i++)
-			rc_sr_mark_asked(u, psn_add(r->first, i), now);
+			rc_sr_mark_asked(u, psn_add(r->first, i));
 	}
 }
 

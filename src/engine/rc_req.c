@@ -172,7 +172,13 @@ static void send_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 	 * that loses one packet would otherwise be resent whole. The next
 	 * request continues at the next PSN, as a retried READ does. */
 	if (u->m.acked == u->m.sent) {	/* a new piece */
-		u->m.sent = MIN(u->m.npkts, u->m.acked + u->cwnd);
+		/* (with selective repeat, inside the PSNs whose responses
+		 * can be placed out of order, rc_sr.c) */
+		uint32_t room = u->sr.on ? URSA_SR_SLOTS - 1 -
+			MIN(URSA_SR_SLOTS - 1u, u->pipe_out) : u->cwnd;
+
+		u->m.sent = MIN(u->m.npkts,
+				u->m.acked + MAX(1u, MIN(u->cwnd, room)));
 		rc_rtt_start(u, u->m.acked, ursa_now_ns());
 	} else {
 		u->timing = false;	/* asked again */
@@ -546,7 +552,7 @@ static int msg_send(struct ursa_qp *qp, struct ursa_rc *u,
  */
 static void sr_resend(struct ursa_qp *qp, struct ursa_rc *u,
 		      const struct ursa_send_wqe *w, const struct ursa_req *r,
-		      const addr_t *src, const addr_t *dst, uint64_t now)
+		      const addr_t *src, const addr_t *dst)
 {
 	struct msg_at at;
 	uint32_t from, to;
@@ -569,7 +575,7 @@ static void sr_resend(struct ursa_qp *qp, struct ursa_rc *u,
 		return;
 	}
 	while (from < to && (k = rc_sr_take(u, psn_add(at.first, from),
-					    to - from, now)) >= 0)
+					    to - from)) >= 0)
 		send_data_pkt(qp, u, r, w, &at, from + (uint32_t)k, true, src,
 			      dst);
 }
@@ -585,7 +591,7 @@ static int step(struct ursa_qp *qp, struct ursa_rc *u, struct ursa_send_wqe *w,
 	if (u->sr.on && now >= u->tlp_at)
 		rc_tlp(qp, u, now);
 	if (u->sr.nwant)
-		sr_resend(qp, u, w, r, src, dst, now);
+		sr_resend(qp, u, w, r, src, dst);
 	if (u->pipe_n && PIPE(u, 0)->wqe == w) {
 		/* the oldest message in flight: done, waiting, or taken
 		 * back (then on as the message in flight) */

@@ -205,6 +205,7 @@ void rc_sr_forget(struct ursa_rc *u)
 	memset(u->sr.sacked, 0, sizeof(u->sr.sacked));
 	memset(u->sr.want, 0, sizeof(u->sr.want));
 	memset(u->sr.resent, 0, sizeof(u->sr.resent));
+	memset(u->sr.resent_old, 0, sizeof(u->sr.resent_old));
 	u->sr.nsacked = u->sr.nwant = 0;
 }
 
@@ -226,6 +227,7 @@ void rc_sr_advance(struct ursa_rc *u, uint32_t psn)
 			CLR(u->sr.sacked, q);
 			CLR(u->sr.want, q);
 			CLR(u->sr.resent, q);
+			CLR(u->sr.resent_old, q);
 		}
 	}
 	u->sr.una = psn;
@@ -268,7 +270,7 @@ void rc_sr_sack(struct ursa_rc *u, uint32_t psn, const uint8_t *bits,
 		uint32_t q = psn_add(psn, i);
 
 		if (BIT(u->sr.sacked, q) || BIT(u->sr.want, q) ||
-		    BIT(u->sr.resent, q))
+		    rc_sr_asked(u, q))
 			continue;
 		SET(u->sr.want, q);
 		u->sr.nwant++;
@@ -317,35 +319,43 @@ void rc_sr_mark(struct ursa_rc *u, uint32_t psn)
 /* Was psn resent (asked for again) lately? */
 bool rc_sr_asked(const struct ursa_rc *u, uint32_t psn)
 {
-	return in_bits(u, psn) && BIT(u->sr.resent, psn);
+	return in_bits(u, psn) &&
+	       (BIT(u->sr.resent, psn) || BIT(u->sr.resent_old, psn));
 }
 
-void rc_sr_mark_asked(struct ursa_rc *u, uint32_t psn, uint64_t now)
+void rc_sr_mark_asked(struct ursa_rc *u, uint32_t psn)
 {
 	if (!in_bits(u, psn))
 		return;
 	SET(u->sr.resent, psn);
-	if (!u->sr.resent_at)
-		u->sr.resent_at = now;
 }
 
-/* What was resent two round trips ago and is still missing was lost
- * again: it may go once more. */
+/*
+ * What was resent two round trips ago or more and is still missing was
+ * lost again: it may go once more. Two generations of bits, each two round
+ * trips long: a packet resent just before a period ends stays "resent"
+ * through the next one (one set of bits cleared all at once let such
+ * packets go again at once, and a responder already behind answered
+ * them twice).
+ */
 void rc_sr_epoch(struct ursa_rc *u, uint64_t now)
 {
 	uint64_t rtt = u->srtt ? u->srtt : (uint64_t)ursa_cfg()->rto_us * 1000;
 
-	if (u->sr.resent_at && now - u->sr.resent_at > 2 * rtt) {
+	if (now - u->sr.tick_at > 2 * rtt) {
+		memcpy(u->sr.resent_old, u->sr.resent, sizeof(u->sr.resent));
 		memset(u->sr.resent, 0, sizeof(u->sr.resent));
-		u->sr.resent_at = 0;
+		u->sr.tick_at = now;
 	}
 }
 
 /* psn may be asked for again at once (the tail loss probe) */
 void rc_sr_unask(struct ursa_rc *u, uint32_t psn)
 {
-	if (in_bits(u, psn))
+	if (in_bits(u, psn)) {
 		CLR(u->sr.resent, psn);
+		CLR(u->sr.resent_old, psn);
+	}
 }
 
 /* Want psn again, resent lately or not (the tail loss probe) */
@@ -371,7 +381,7 @@ bool rc_sr_wants(const struct ursa_rc *u, uint32_t first, uint32_t n)
 
 /* Take the next wanted PSN of first .. first + n (it counts as resent
  * now): its index, or -1. */
-int rc_sr_take(struct ursa_rc *u, uint32_t first, uint32_t n, uint64_t now)
+int rc_sr_take(struct ursa_rc *u, uint32_t first, uint32_t n)
 {
 	for (uint32_t i = 0; i < n && i < URSA_SR_SLOTS; i++) {
 		uint32_t q = psn_add(first, i);
@@ -381,8 +391,6 @@ int rc_sr_take(struct ursa_rc *u, uint32_t first, uint32_t n, uint64_t now)
 		CLR(u->sr.want, q);
 		u->sr.nwant--;
 		SET(u->sr.resent, q);
-		if (!u->sr.resent_at)
-			u->sr.resent_at = now;
 		atomic_fetch_add(&ursa_udp_cnt.sr_resent, 1);
 		return (int)i;
 	}
