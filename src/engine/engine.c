@@ -144,7 +144,11 @@ int ursa_engine_progress(struct ursa_ctx *ctx, bool polling)
 		now = ursa_now_ns();
 	if (!now)
 		goto out;
-	atomic_store_explicit(&e->app_pass_ns, now, memory_order_relaxed);
+	/* (a poll of an armed CQ is the drain before the thread blocks:
+	 * not a poller the engine may leave the sockets to) */
+	if (polling)
+		atomic_store_explicit(&e->app_pass_ns, now,
+				      memory_order_relaxed);
 	/* (peers read it: written when it moved by a microsecond or more,
 	 * so that a thread polling in a loop does not take the line back
 	 * from them at every poll) */
@@ -181,6 +185,14 @@ void ursa_engine_app_blocks(struct ursa_ctx *ctx)
 	if (atomic_load_explicit(&e->ctl->app_poll_ns, memory_order_relaxed))
 		atomic_store_explicit(&e->ctl->app_poll_ns, 0,
 				      memory_order_relaxed);
+	/* An engine that left the sockets to this thread's polls (its
+	 * quiet time) must watch them again now, not when its quiet time
+	 * is up: an event-driven server that drained its CQ and went back
+	 * to epoll_wait left the next request in the socket for up to
+	 * URSA_QUIET_US (ursa-kv's SEND GET between hosts: p99 1.1 ms). */
+	atomic_store_explicit(&e->app_pass_ns, 0, memory_order_relaxed);
+	if (atomic_load_explicit(&e->quiet_sleep, memory_order_relaxed))
+		ursa_engine_kick(e);
 	atomic_thread_fence(memory_order_seq_cst);
 	if (!atomic_load_explicit(&e->ctl->sleeping, memory_order_relaxed))
 		return;	/* (an awake engine looks at the rings again) */
