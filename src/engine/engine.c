@@ -189,7 +189,7 @@ void ursa_engine_app_blocks(struct ursa_ctx *ctx)
 	 * quiet time) must watch them again now, not when its quiet time
 	 * is up: an event-driven server that drained its CQ and went back
 	 * to epoll_wait left the next request in the socket for up to
-	 * URSA_QUIET_US (ursa-kv's SEND GET between hosts: p99 1.1 ms). */
+	 * URSA_QUIET_US (the tail of ursa-kv's SEND GET between hosts). */
 	atomic_store_explicit(&e->app_pass_ns, 0, memory_order_relaxed);
 	if (atomic_load_explicit(&e->quiet_sleep, memory_order_relaxed))
 		ursa_engine_kick(e);
