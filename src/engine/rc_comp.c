@@ -4,8 +4,10 @@
  * responses and atomic answers move the requester's messages on; the
  * cumulative ACK completes the pipe's WRITEs and SENDs (IBTA 9.7.5.1.1),
  * a PSN-sequence NAK or the RTO goes back to the first unacknowledged
- * packet (go-back-N); the round trip is measured (Karn) for the RTO; a
- * CNP halves the window.
+ * packet (go-back-N); between ursa peers a NAK with a SACK and READ
+ * responses out of order are taken selectively (rc_sr.c), and a tail
+ * loss probe comes before the RTO; the round trip is measured (Karn) for
+ * the RTO; a CNP halves the window.
  */
 #include "rc.h"
 

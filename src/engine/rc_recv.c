@@ -34,6 +34,30 @@ static void on_cnp(struct ursa_qp *qp, const addr_t *src)
 	pthread_mutex_unlock(&u->lock);
 }
 
+/* A response (the QP's lock held): to the completer if the QP sends.
+ * Returns whether this pass should run the requester at once (the
+ * message is decided, or packets are wanted again); another context's
+ * engine is told instead. */
+static bool on_resp(struct ursa_qp *qp, struct ursa_rc *u,
+		    const struct roce_pkt *p)
+{
+	int st = qp_state(qp);
+
+	if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) {
+		atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
+		return false;
+	}
+	rc_on_response(qp, u, p);
+	if (qp->ctx != ursa_pass_ctx) {
+		if (qp->ctx->eng)
+			ursa_engine_kick(qp->ctx->eng);
+		return false;
+	}
+	return u->m.done || u->m.nak || u->sr.nwant ||
+	       (u->pipe_n && (PIPE(u, 0)->done || u->pipe_nak ||
+			      u->pipe_gap));
+}
+
 /* A packet for one of our QPs: its opcode, source and the QP's state
  * checked, then to the completer (a response) or the responder (a
  * request). */
@@ -66,23 +90,7 @@ static void dispatch(struct ursa_qp *qp, const struct roce_pkt *p,
 	if (t != IBV_QPT_UD && (u->ep.rxfd < 0 || u->ep.rx_port != sport))
 		ursa_udp_ep_connect(&u->ep, src, sport);
 	if (f & P_RESP) {
-		int st = qp_state(qp);
-
-		if (st == IBV_QPS_RTS || st == IBV_QPS_SQD) {
-			rc_on_response(qp, u, p);
-			/* Our own pass runs the requester (now, if the
-			 * message is decided, see below); another context's
-			 * engine must be told. */
-			if (qp->ctx->eng && qp->ctx != ursa_pass_ctx)
-				ursa_engine_kick(qp->ctx->eng);
-			else if (qp->ctx == ursa_pass_ctx)
-				decided = u->m.done || u->m.nak || u->sr.nwant ||
-					  (u->pipe_n && (PIPE(u, 0)->done ||
-							 u->pipe_nak ||
-							 u->pipe_gap));
-		} else {
-			atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
-		}
+		decided = on_resp(qp, u, p);
 	} else if (!rc_can_receive(qp_state(qp))) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
 		atomic_fetch_add(&qp->cnt.drops, 1);

@@ -111,6 +111,35 @@ static bool read_remembered(const struct ursa_rc *u, const struct roce_pkt *p,
 	return false;
 }
 
+/* An RC request behind the expected PSN: a duplicate (IBTA 9.7.5.1.3),
+ * answered from what the responder remembers: an atomic's saved result,
+ * a READ executed again (returns true), a SEND's or WRITE's ACK. */
+static bool rc_duplicate(struct ursa_qp *qp, struct ursa_rc *u,
+			 const struct roce_pkt *p, uint32_t f,
+			 const addr_t *me, const addr_t *peer)
+{
+	atomic_fetch_add(&ursa_udp_cnt.dup, 1);
+	if (f & P_ATOMIC) {
+		for (unsigned i = 0; i < URSA_UDP_ARES; i++)
+			if (u->ares[i].valid && u->ares[i].psn == p->psn)
+				rc_send_ack(qp, u, peer, me, OP_ATOMIC_ACK,
+					    AETH_ACK | AETH_CREDIT_INVALID,
+					    p->psn, u->ares[i].orig);
+		return false;
+	}
+	if (f & P_READ) {
+		if (read_remembered(u, p, rc_mtu_of(qp), 0, NULL))
+			return true;	/* re-executed */
+		atomic_fetch_add(&ursa_udp_cnt.drop_stale, 1);
+		return false;
+	}
+	if (p->ackreq)
+		rc_send_ack(qp, u, peer, me, OP_ACK,
+			    AETH_ACK | AETH_CREDIT_INVALID,
+			    psn_add(u->epsn, 0xffffff), 0);
+	return false;
+}
+
 /* The request's PSN against the expected one (IBTA 9.7.5.1): RC answers
  * a gap with one NAK and a duplicate from what it remembers (an atomic's
  * result, a READ executed again, an ACK); UC drops the rest of a message
@@ -138,29 +167,8 @@ static bool psn_check(struct ursa_qp *qp, struct ursa_rc *u,
 			}
 			return false;
 		}
-		if (d < 0) {
-			/* duplicate (IBTA 9.7.5.1.3) */
-			atomic_fetch_add(&ursa_udp_cnt.dup, 1);
-			if (f & P_ATOMIC) {
-				for (unsigned i = 0; i < URSA_UDP_ARES; i++)
-					if (u->ares[i].valid && u->ares[i].psn == p->psn)
-						rc_send_ack(qp, u, peer, me, OP_ATOMIC_ACK,
-							    AETH_ACK | AETH_CREDIT_INVALID,
-							    p->psn, u->ares[i].orig);
-				return false;
-			}
-			if (f & P_READ) {
-				if (read_remembered(u, p, rc_mtu_of(qp), 0, NULL))
-					return true;	/* re-executed */
-				atomic_fetch_add(&ursa_udp_cnt.drop_stale, 1);
-				return false;
-			}
-			if (p->ackreq)
-				rc_send_ack(qp, u, peer, me, OP_ACK,
-					    AETH_ACK | AETH_CREDIT_INVALID,
-					    psn_add(u->epsn, 0xffffff), 0);
-			return false;
-		}
+		if (d < 0)
+			return rc_duplicate(qp, u, p, f, me, peer);
 		u->nak_sent = false;
 		rc_sr_taken(u, p->psn);
 	} else if (t == IBV_QPT_UC) {

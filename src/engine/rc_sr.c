@@ -20,8 +20,12 @@
  *   and halves its window once a round trip with losses, as TCP with SACK
  *   does (RFC 6675). The packets the responder holds do not count against
  *   the window.
- * READs and atomics keep go-back-N (a READ request after a gap is dropped
- * and NAKed as before), and every timer still goes back to the first
+ * - READ responses, which the requester receives: placed out of order
+ *   and the missing runs asked for alone (rc_comp.c rd_take; the bits
+ *   below say which are in place and which were asked for).
+ * READ requests and atomics after a gap are dropped and NAKed as before;
+ * a tail loss probe (rc_comp.c rc_tlp) stands in for the SACK that a loss
+ * at the tail never causes; the timers still go back to the first
  * unacknowledged packet. A peer that does not set ROCE_BTH4_SR (rxe, a
  * NIC) never receives a SACK; a requester that gets plain NAKs goes back.
  */
