@@ -191,6 +191,10 @@ struct ursa_udp_stats {
 	/* selective repeat between ursa peers: packets a responder held out
 	 * of order, SACKs sent and received, packets resent alone */
 	uint64_t ooo_held, sacks_sent, sacks_rcvd, sr_resent;
+	/* losses a SACK showed, once a round trip at most: those that cut
+	 * the window (the round trip showed a queue) and those taken as
+	 * the path's own, which kept it (docs/design.md "Congestion") */
+	uint64_t loss_cuts, loss_kept;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

@@ -184,6 +184,7 @@ int rc_pipe_holds(const struct ursa_rc *u, uint32_t psn);
 void rc_pipe_drop(struct ursa_rc *u);
 void rc_pipe_pop(struct ursa_rc *u);
 void rc_window_grow(struct ursa_qp *qp, struct ursa_rc *u, uint32_t n);
+bool rc_queued(const struct ursa_rc *u, uint64_t r);
 
 /* rc_req.c */
 void rc_read_again(struct ursa_qp *qp, struct ursa_rc *u, uint32_t psn,

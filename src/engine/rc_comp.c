@@ -24,6 +24,15 @@ void rc_rtt_start(struct ursa_rc *u, uint32_t idx, uint64_t now)
 	u->t_sent = now;
 }
 
+/* Whether a round trip of r shows a queue on the path: well past the
+ * least one, both twice it and URSA_SS_EXIT_DELAY_NS more (HyStart's
+ * delay test, Ha and Rhee 2011). */
+bool rc_queued(const struct ursa_rc *u, uint64_t r)
+{
+	return u->rtt_min && r > 2 * u->rtt_min &&
+	       r - u->rtt_min > URSA_SS_EXIT_DELAY_NS;
+}
+
 /* PSNs up to last are acknowledged: take the sample if it is one of them,
  * and progress ends the backoff. */
 static void rtt_acked_psn(struct ursa_rc *u, uint32_t last, uint64_t now)
@@ -37,13 +46,11 @@ static void rtt_acked_psn(struct ursa_rc *u, uint32_t last, uint64_t now)
 	r = now - u->t_sent;
 	if (!u->rtt_min || r < u->rtt_min)
 		u->rtt_min = r;
-	/* Slow start ends when the round trip grows well past the least
-	 * one: a queue is building (HyStart's delay test, Ha and Rhee
-	 * 2011), so the window stops doubling into it before it drops
-	 * packets. A flow next to others then takes its share from
-	 * there, not from a queue it filled first. */
-	if (u->cwnd < u->ssthresh && r > 2 * u->rtt_min &&
-	    r - u->rtt_min > URSA_SS_EXIT_DELAY_NS)
+	/* Slow start ends when a queue is building, so the window stops
+	 * doubling into it before it drops packets. A flow next to others
+	 * then takes its share from there, not from a queue it filled
+	 * first. */
+	if (u->cwnd < u->ssthresh && rc_queued(u, r))
 		u->ssthresh = u->cwnd;
 	if (!u->srtt) {
 		u->srtt = r;

@@ -238,11 +238,37 @@ void rc_sr_advance(struct ursa_rc *u, uint32_t psn)
 }
 
 /*
+ * New losses, once a round trip: congestion if the round trip shows a
+ * queue (rc_queued), and the window halves with the threshold there, as
+ * TCP's does. Without a queue the loss is taken as the path's own (a
+ * lossy link, a bit error) and the window is kept: halving it once a
+ * round trip with a loss holds it near 1.2 / sqrt(loss rate) packets
+ * (Mathis et al. 1997), 12 at 1%, whatever the path could carry, and
+ * selective repeat resends only what was lost, so a full window costs
+ * no more resends than a small one. A flow that fills a queue still
+ * backs off, since then the round trip shows it; ECN marks (CNPs) cut
+ * the window whatever the round trip (rc_comp_cnp). TCP Veno (Fu and
+ * Liew 2003) tells the two kinds of loss apart the same way.
+ */
+static void loss_response(struct ursa_rc *u, uint64_t now)
+{
+	u->sr.cut_at = now;
+	if (!rc_queued(u, u->srtt)) {
+		atomic_fetch_add(&ursa_udp_cnt.loss_kept, 1);
+		return;
+	}
+	atomic_fetch_add(&ursa_udp_cnt.loss_cuts, 1);
+	u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
+	u->ssthresh = u->cwnd;
+	u->cwnd_acc = 0;
+}
+
+/*
  * A SACK for the NAK at psn (the completer took it as the cumulative ACK
  * of the PSNs before it): mark what the responder holds, and want again
  * what it lacks below the highest PSN it holds, unless resent less than
- * two round trips ago (its copy may still be on the way). New losses
- * halve the window once a round trip. hi: past the highest PSN sent.
+ * two round trips ago (its copy may still be on the way); new losses
+ * answered (loss_response). hi: past the highest PSN sent.
  */
 void rc_sr_sack(struct ursa_rc *u, uint32_t psn, const uint8_t *bits,
 		unsigned nbits, uint32_t hi, uint64_t now)
@@ -280,13 +306,12 @@ void rc_sr_sack(struct ursa_rc *u, uint32_t psn, const uint8_t *bits,
 		u->sr.nwant++;
 		lost = true;
 	}
-	if (lost && (!u->sr.cut_at || now - u->sr.cut_at > rtt)) {
-		u->sr.cut_at = now;
-		u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
-		u->ssthresh = u->cwnd;
-		u->cwnd_acc = 0;
+	/* (Karn: the timed packet's answer may now be for its copy) */
+	if (u->timing && ((u->t_psn - psn) & 0xffffff) < top &&
+	    BIT(u->sr.want, u->t_psn))
 		u->timing = false;
-	}
+	if (lost && (!u->sr.cut_at || now - u->sr.cut_at > rtt))
+		loss_response(u, now);
 }
 
 /* The peer repeats selectively (a SACK, or READ responses marked so):

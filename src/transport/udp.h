@@ -209,6 +209,8 @@ struct ursa_udp_counters {
 	atomic_uint_fast64_t rx_ce, cnp_sent, cnp_rcvd, cnp_cuts;
 	/* selective repeat (engine/rc_sr.c) */
 	atomic_uint_fast64_t ooo_held, sacks_sent, sacks_rcvd, sr_resent;
+	/* loss episodes a SACK showed: the window cut (a queue), kept */
+	atomic_uint_fast64_t loss_cuts, loss_kept;
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

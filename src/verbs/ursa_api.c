@@ -222,6 +222,7 @@ EXPORT int ursa_udp_stats(struct ursa_udp_stats *st)
 	C(cm_rx); C(cm_tx); C(cm_orphan); C(cm_drop);
 	C(rx_ce); C(cnp_sent); C(cnp_rcvd); C(cnp_cuts);
 	C(ooo_held); C(sacks_sent); C(sacks_rcvd); C(sr_resent);
+	C(loss_cuts); C(loss_kept);
 #undef C
 	return 0;
 }
@@ -265,14 +266,16 @@ void ursa_stats_exit(void)
 		"; ACKs held %" PRIu64 " (sent alone %" PRIu64 "), requests held %"
 		PRIu64 "; ECN: marked %" PRIu64 ", CNPs sent %" PRIu64
 		" received %" PRIu64 " (window cuts %" PRIu64 "); selective repeat: held %"
-		PRIu64 ", SACKs sent %" PRIu64 " received %" PRIu64 ", resent %" PRIu64 "\n",
+		PRIu64 ", SACKs sent %" PRIu64 " received %" PRIu64 ", resent %" PRIu64
+		"; losses: window cut %" PRIu64 ", kept %" PRIu64 "\n",
 		(int)getpid(), u.tx_pkts, u.tx_bytes, u.rx_pkts, u.rx_bytes,
 		u.retransmits, u.naks_sent, u.naks_rcvd, u.rnr_naks, u.drop_short,
 		u.drop_opcode, u.drop_icrc, u.drop_qpn, u.drop_src, u.drop_psn,
 		u.drop_stale, u.drop_state, u.dup, u.drop_fwd, u.drop_fwd_name, u.drop_unknown,
 		u.forwarded, u.acks_held,
 		u.acks_alone, u.reqs_held, u.rx_ce, u.cnp_sent, u.cnp_rcvd,
-		u.cnp_cuts, u.ooo_held, u.sacks_sent, u.sacks_rcvd, u.sr_resent);
+		u.cnp_cuts, u.ooo_held, u.sacks_sent, u.sacks_rcvd, u.sr_resent,
+		u.loss_cuts, u.loss_kept);
 }
 
 EXPORT int ursa_fault_set(const char *spec)

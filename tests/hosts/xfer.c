@@ -536,13 +536,14 @@ static void print_counters(void)
 		       " received whole %" PRIu64 ", packets with an IPv4 ID %" PRIu64
 		       ", CNPs received %" PRIu64 " window cuts %" PRIu64
 		       ", held out of order %" PRIu64 ", SACKs received %" PRIu64
-		       ", resent alone %" PRIu64 "\n",
+		       ", resent alone %" PRIu64 ", losses cutting the window %"
+		       PRIu64 " keeping it %" PRIu64 "\n",
 		       st.tx_pkts, st.rx_pkts, st.retransmits, st.naks_sent,
 		       st.naks_rcvd, st.drop_icrc, st.drop_psn, st.dup,
 		       st.fault_lost, st.fault_dup, st.fault_reorder, st.fault_corrupt,
 		       st.forwarded, st.drop_fwd, st.tx_gso, st.rx_gro, st.rx_ipid,
 		       st.cnp_rcvd, st.cnp_cuts, st.ooo_held, st.sacks_rcvd,
-		       st.sr_resent);
+		       st.sr_resent, st.loss_cuts, st.loss_kept);
 }
 
 /* The delayed ACK, three ways (see the top of the file). */

@@ -252,8 +252,16 @@ ecn_check() {
 # (want 0: the responder goes back as IBTA's go-back-N does).
 sr_check() { # LOSS WANT
 	sr=$(sed -n 's/.*SACKs received \([0-9]*\), resent alone \([0-9]*\).*/\1 \2/p' "$tmp/c")
+	lc=$(sed -n 's/.*losses cutting the window \([0-9]*\) keeping it \([0-9]*\).*/\1 \2/p' "$tmp/c")
 	if [ "$2" = 1 ] && [ "${sr%% *}" -gt 0 ] 2>/dev/null && [ "${sr##* }" -gt 0 ]; then
 		ok "  selective repeat: ${sr%% *} SACKs, ${sr##* } packets resent alone"
+		# random loss with no queue on the path: taken as the path's
+		# own, the window kept (rc_sr.c loss_response)
+		if [ "${lc##* }" -gt 0 ] 2>/dev/null; then
+			ok "  losses with no queue kept the window ${lc##* } times (cut it ${lc%% *})"
+		else
+			bad "  random loss keeps the window" "cut, kept: ${lc:-?}"
+		fi
 	elif [ "$2" = 0 ] && [ "$sr" = "0 0" ]; then
 		ok "  no SACK from a responder that does not hold packets"
 	else
