@@ -82,6 +82,9 @@ struct ursa_rc {
 		bool resend_read;
 		bool progress;	/* acknowledged something since last look */
 		uint32_t rerequested;	/* READ: re-asked from this packet */
+		/* READ: where the pieces asked ahead of acked end
+		 * (read_ahead, rc_req.c), oldest first */
+		uint32_t ahead[URSA_READ_AHEAD], nahead;
 		uint32_t hiwat;	/* packets ever sent (beyond: first sends) */
 		struct ursa_sg dst[URSA_MAX_SGE];
 		uint32_t ndst;

@@ -278,6 +278,14 @@ static void rd_ask_missing(struct ursa_qp *qp, struct ursa_rc *u,
 			      r->va + (uint64_t)k * r->mtu, r->rkey,
 			      (uint32_t)MIN(r->len - (uint64_t)k * r->mtu,
 					    (uint64_t)(j - k) * r->mtu));
+		/* Karn: the timed response, if asked again, may now come
+		 * for either request. Any other sample stands: cancelled at
+		 * every ask, none finished under loss, and the round trip
+		 * stayed that of an idle responder, too short to wait for
+		 * an ask's answer behind the responses queued before it. */
+		if (u->timing &&
+		    ((u->t_psn - psn_add(r->first, k)) & 0xffffff) < j - k)
+			u->timing = false;
 		for (uint32_t i = k; i < j; i++)
 			rc_sr_mark_asked(u, psn_add(r->first, i));
 	}
@@ -661,6 +669,31 @@ int rc_comp_pipe_head(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now,
 	return -1;
 }
 
+/*
+ * A PSN-sequence NAK at packet idx of the READ in flight: the responder
+ * executed the requests before idx and dropped those after (a request was
+ * lost). Go-back-N asks again from the first response not in place. With
+ * selective repeat the pieces before idx were answered; their missing
+ * responses are asked for alone as usual (rd_ask_missing, the tail loss
+ * probe), so only the pieces from idx are asked again: going back to the
+ * first missing response had the responder send again every response of
+ * the pieces asked ahead (rc_req.c read_piece_due).
+ */
+static void read_nak(struct ursa_rc *u, uint32_t idx)
+{
+	uint32_t k = 0;
+
+	if (!u->sr.on || idx <= u->m.acked || idx >= u->m.sent) {
+		u->m.sent = u->m.acked;
+		u->m.nahead = 0;
+		return;
+	}
+	u->m.sent = idx;
+	while (k < u->m.nahead && u->m.ahead[k] <= idx)
+		k++;
+	u->m.nahead = k;
+}
+
 /* A NAK for the message in flight (IBTA 9.7.5.2): RNR, PSN sequence
  * error (go back), or a fatal one. Returns 1 when it decides the WQE. */
 static int take_nak(struct ursa_qp *qp, struct ursa_rc *u, bool atomic,
@@ -702,7 +735,7 @@ static int take_nak(struct ursa_qp *qp, struct ursa_rc *u, bool atomic,
 		 * 101 KiB of zeros under injected loss). */
 		u->timing = false;
 		if (u->m.is_read) {
-			u->m.sent = u->m.acked;
+			read_nak(u, idx);
 		} else if (idx < u->m.npkts && idx >= u->m.acked) {
 			u->m.acked = idx;
 			u->m.sent = idx;

@@ -150,43 +150,103 @@ static inline void psn_sent(struct ursa_rc *u, uint32_t end)
 		u->psn_hi = end;
 }
 
+/* Packets of the READ in flight asked for and neither in place in order
+ * nor out of order, with the pipe's: what counts against the window. */
+static uint32_t read_out(const struct ursa_rc *u)
+{
+	uint32_t out = u->pipe_out + u->m.sent - u->m.acked;
+
+	return out - MIN(out, u->sr.nsacked);
+}
+
+/* The least piece asked for ahead (below it, requests would outnumber
+ * what the responder remembers for the asks into them) */
+static uint32_t ahead_min(const struct ursa_rc *u)
+{
+	return MAX((uint32_t)URSA_UDP_WINDOW_MIN, u->cwnd / 4);
+}
+
+/*
+ * May the READ in flight ask for its next piece? When the pieces before
+ * are whole; or, from a responder that repeats selectively, while their
+ * holes are asked for alone (rd_ask_missing), if the window has room for
+ * a piece and fewer than URSA_READ_AHEAD pieces are not whole. Otherwise
+ * every lost response stops the READ for the round trip of its ask.
+ */
+static bool read_piece_due(const struct ursa_rc *u)
+{
+	uint32_t live = 0;
+
+	if (!u->m.is_read || u->m.resend_read || u->m.sent >= u->m.npkts)
+		return false;
+	if (u->m.acked == u->m.sent)
+		return true;
+	for (uint32_t i = 0; i < u->m.nahead; i++)
+		live += u->m.ahead[i] > u->m.acked;
+	return u->sr.on && live < URSA_READ_AHEAD &&
+	       read_out(u) + ahead_min(u) <= u->cwnd &&
+	       u->pipe_out + u->m.sent - u->m.acked + ahead_min(u) <
+		       URSA_SR_SLOTS - 1;
+}
+
+/* The next piece of the READ in flight (read_piece_due): from sent, at
+ * most a window's worth (a long burst of responses that loses one
+ * packet would otherwise be resent whole), inside the PSNs whose
+ * responses can be placed out of order (rc_sr.c). Returns where it
+ * starts. */
+static uint32_t read_piece(struct ursa_rc *u)
+{
+	uint32_t from = u->m.sent, span, room, k = 0;
+
+	span = u->pipe_out + u->m.sent - u->m.acked;
+	room = u->sr.on ? URSA_SR_SLOTS - 1 - MIN(URSA_SR_SLOTS - 1u, span) :
+			  u->cwnd;
+	room = MIN(room, u->cwnd - MIN(u->cwnd, read_out(u)));
+	u->m.sent = MIN(u->m.npkts, from + MAX(1u, room));
+	/* (the pieces still not whole, and this one) */
+	for (uint32_t i = 0; i < u->m.nahead; i++)
+		if (u->m.ahead[i] > u->m.acked)
+			u->m.ahead[k++] = u->m.ahead[i];
+	u->m.nahead = k;
+	if (from > u->m.acked && k < URSA_READ_AHEAD)
+		u->m.ahead[u->m.nahead++] = u->m.sent;
+	rc_rtt_start(u, from, ursa_now_ns());
+	return from;
+}
+
+/* A READ request: the next piece (read_piece_due), or, asked again
+ * (resend_read), what is still missing from the first response not in
+ * place, at its PSN. */
 static void send_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 			  const struct ursa_req *r, const addr_t *src,
-			  const addr_t *dst)
+			  const addr_t *dst, bool piece)
 {
 	uint8_t buf[64];
 	struct roce_pkt p = { 0 };
-	uint64_t off = (uint64_t)u->m.acked * u->m.mtu;
+	uint32_t from = u->m.acked;
+	uint64_t off;
 	int n;
 
+	if (piece) {
+		from = read_piece(u);
+	} else {
+		u->timing = false;	/* asked again */
+		u->m.nahead = 0;	/* (one request again) */
+	}
+	off = (uint64_t)from * u->m.mtu;
 	p.opcode = ROCE_RC | OP_READ_REQ;
 	p.pkey = ROCE_DEFAULT_PKEY;
 	p.dqpn = qp->attr.dest_qp_num;
-	/* a retried READ asks for what is still missing, at its PSN */
-	p.psn = psn_add(u->m.first, u->m.acked);
+	p.psn = psn_add(u->m.first, from);
 	p.ackreq = true;
 	p.va = r->remote_addr + off;
 	p.rkey = r->rkey;
 	p.sr = sr_asked(qp);	/* (its responses say if the peer repeats) */
-	/* At most a window's worth per request: a long burst of responses
-	 * that loses one packet would otherwise be resent whole. The next
-	 * request continues at the next PSN, as a retried READ does. */
-	if (u->m.acked == u->m.sent) {	/* a new piece */
-		/* (with selective repeat, inside the PSNs whose responses
-		 * can be placed out of order, rc_sr.c) */
-		uint32_t room = u->sr.on ? URSA_SR_SLOTS - 1 -
-			MIN(URSA_SR_SLOTS - 1u, u->pipe_out) : u->cwnd;
-
-		u->m.sent = MIN(u->m.npkts,
-				u->m.acked + MAX(1u, MIN(u->cwnd, room)));
-		rc_rtt_start(u, u->m.acked, ursa_now_ns());
-	} else {
-		u->timing = false;	/* asked again */
-	}
 	/* A re-request stays inside its piece: a duplicate READ must be a
-	 * subset of the original (IBTA 9.7.5.1.3). */
+	 * subset of the original (IBTA 9.7.5.1.3); ursa's responder also
+	 * answers one that spans pieces asked ahead. */
 	p.dmalen = (uint32_t)MIN(r->msg_len - MIN(off, r->msg_len),
-				 (uint64_t)(u->m.sent - u->m.acked) * u->m.mtu);
+				 (uint64_t)(u->m.sent - from) * u->m.mtu);
 	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
 	if (n > 0)
 		rc_tx(u, src, dst, buf, (size_t)n, r->hop_limit ? r->hop_limit : 64,
@@ -213,7 +273,6 @@ void rc_read_again(struct ursa_qp *qp, struct ursa_rc *u, uint32_t psn,
 	p.va = va;
 	p.rkey = rkey;
 	p.dmalen = len;
-	u->timing = false;	/* (Karn) */
 	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
 	if (n > 0) {
 		rc_tx(u, &u->src, &u->dst, buf, (size_t)n, u->hop, false);
@@ -350,9 +409,7 @@ bool ursa_rc_ready(struct ursa_qp *qp, struct ursa_send_wqe *w, uint64_t now)
 	if (!u || !u->m.active || u->m.wqe != w)
 		return true;
 	return u->m.done || u->m.nak || now >= u->m.deadline ||
-	       now >= u->m.rto ||
-	       (u->m.is_read && u->m.acked == u->m.sent &&
-		u->m.acked < u->m.npkts) ||
+	       now >= u->m.rto || read_piece_due(u) ||
 	       u->m.resend_read || window_open(u);
 }
 
@@ -504,7 +561,7 @@ static void msg_start(struct ursa_qp *qp, struct ursa_rc *u,
 	u->m.deadline = rc_after(now, rc_timeout_ns(qp));
 	u->m.rto = rc_after(now, rc_rto_ns(qp));
 	if (u->m.is_read) {
-		send_read_req(qp, u, r, src, dst);
+		send_read_req(qp, u, r, src, dst, true);
 	} else if (atomic) {
 		rc_rtt_start(u, 0, now);
 		send_atomic(qp, u, r, src, dst);
@@ -522,12 +579,13 @@ static int msg_send(struct ursa_qp *qp, struct ursa_rc *u,
 {
 	bool atomic = rc_is_atomic_op(r->opcode);
 
-	if (u->m.is_read && !u->m.resend_read && u->m.acked == u->m.sent &&
-	    u->m.acked < u->m.npkts)
-		u->m.resend_read = true;	/* the next piece */
-	if (u->m.resend_read) {
+	if (u->m.resend_read && u->m.acked == u->m.sent)
+		u->m.resend_read = false;	/* nothing missing: go on */
+	if (read_piece_due(u)) {
+		send_read_req(qp, u, r, src, dst, true);
+	} else if (u->m.resend_read) {
 		u->m.resend_read = false;
-		send_read_req(qp, u, r, src, dst);
+		send_read_req(qp, u, r, src, dst, false);
 	} else if (atomic && u->m.sent == 0) {
 		send_atomic(qp, u, r, src, dst);
 		u->m.sent = 1;
