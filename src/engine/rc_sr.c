@@ -306,9 +306,11 @@ void rc_sr_sack(struct ursa_rc *u, uint32_t psn, const uint8_t *bits,
 		u->sr.nwant++;
 		lost = true;
 	}
-	/* (Karn: the timed packet's answer may now be for its copy) */
-	if (u->timing && ((u->t_psn - psn) & 0xffffff) < top &&
-	    BIT(u->sr.want, u->t_psn))
+	/* No round-trip sample across a loss: the cumulative ACK of the
+	 * timed packet waits for the hole's repair, and such samples,
+	 * taken under 5% loss, stretched the round trip and with it the
+	 * wait before a lost resend goes again. */
+	if (lost)
 		u->timing = false;
 	if (lost && (!u->sr.cut_at || now - u->sr.cut_at > rtt))
 		loss_response(u, now);
