@@ -33,17 +33,13 @@ bool rc_queued(const struct ursa_rc *u, uint64_t r)
 	       r - u->rtt_min > URSA_SS_EXIT_DELAY_NS;
 }
 
-/* PSNs up to last are acknowledged: take the sample if it is one of them,
- * and progress ends the backoff. */
-static void rtt_acked_psn(struct ursa_rc *u, uint32_t last, uint64_t now)
+/* The timed packet arrived now (acknowledged, or a READ response placed
+ * out of order): the round trip's sample. */
+static void rtt_sample(struct ursa_rc *u, uint64_t now)
 {
-	uint64_t r, d;
+	uint64_t r = now - u->t_sent, d;
 
-	u->backoff = 0;
-	if (!u->timing || ((last - u->t_psn) & 0xffffff) >= 0x800000)
-		return;
 	u->timing = false;
-	r = now - u->t_sent;
 	if (!u->rtt_min || r < u->rtt_min)
 		u->rtt_min = r;
 	/* Slow start ends when a queue is building, so the window stops
@@ -60,6 +56,16 @@ static void rtt_acked_psn(struct ursa_rc *u, uint32_t last, uint64_t now)
 	d = r > u->srtt ? r - u->srtt : u->srtt - r;
 	u->rttvar = (3 * u->rttvar + d) / 4;
 	u->srtt = (7 * u->srtt + r) / 8;
+}
+
+/* PSNs up to last are acknowledged: take the sample if it is one of them,
+ * and progress ends the backoff. */
+static void rtt_acked_psn(struct ursa_rc *u, uint32_t last, uint64_t now)
+{
+	u->backoff = 0;
+	if (!u->timing || ((last - u->t_psn) & 0xffffff) >= 0x800000)
+		return;
+	rtt_sample(u, now);
 }
 
 /* The first acked packets of the message in flight are acknowledged. */
@@ -279,8 +285,9 @@ static void rd_ask_missing(struct ursa_qp *qp, struct ursa_rc *u,
 			      (uint32_t)MIN(r->len - (uint64_t)k * r->mtu,
 					    (uint64_t)(j - k) * r->mtu));
 		/* Karn: the timed response, if asked again, may now come
-		 * for either request. Any other sample stands: cancelled at
-		 * every ask, none finished under loss, and the round trip
+		 * for either request. Any other sample stands, taken when
+		 * its response arrives (in order or not, rd_take): cancelled
+		 * at every ask, none finished under loss, and the round trip
 		 * stayed that of an idle responder, too short to wait for
 		 * an ask's answer behind the responses queued before it. */
 		if (u->timing &&
@@ -323,6 +330,8 @@ static int rd_take(struct ursa_qp *qp, struct ursa_rc *u, const struct rd *r,
 	rc_sr_mark(u, p->psn);
 	if (!rc_sr_has(u, p->psn))
 		return -1;	/* (beyond the bits: go back for it) */
+	if (u->timing && p->psn == u->t_psn)
+		rtt_sample(u, ursa_now_ns());	/* (it arrived now) */
 	rd_ask_missing(qp, u, r, idx, ursa_now_ns());
 	return 0;
 }
