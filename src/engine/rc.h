@@ -83,7 +83,7 @@ struct ursa_rc {
 		bool progress;	/* acknowledged something since last look */
 		uint32_t rerequested;	/* READ: re-asked from this packet */
 		/* READ: where the pieces asked ahead of acked end
-		 * (read_ahead, rc_req.c), oldest first */
+		 * (rc_req.c read_piece), oldest first */
 		uint32_t ahead[URSA_READ_AHEAD], nahead;
 		uint32_t hiwat;	/* packets ever sent (beyond: first sends) */
 		struct ursa_sg dst[URSA_MAX_SGE];
@@ -187,6 +187,7 @@ int rc_pipe_holds(const struct ursa_rc *u, uint32_t psn);
 void rc_pipe_drop(struct ursa_rc *u);
 void rc_pipe_pop(struct ursa_rc *u);
 void rc_window_grow(struct ursa_qp *qp, struct ursa_rc *u, uint32_t n);
+void rc_window_cut(struct ursa_rc *u);
 bool rc_queued(const struct ursa_rc *u, uint64_t r);
 
 /* rc_req.c */

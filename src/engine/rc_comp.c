@@ -308,6 +308,7 @@ static void rd_ask_missing(struct ursa_qp *qp, struct ursa_rc *u,
 static int rd_take(struct ursa_qp *qp, struct ursa_rc *u, const struct rd *r,
 		   uint32_t idx, const struct roce_pkt *p)
 {
+	uint64_t now;
 	uint32_t n;
 
 	if (idx == r->acked && idx < r->npkts) {
@@ -330,9 +331,10 @@ static int rd_take(struct ursa_qp *qp, struct ursa_rc *u, const struct rd *r,
 	rc_sr_mark(u, p->psn);
 	if (!rc_sr_has(u, p->psn))
 		return -1;	/* (beyond the bits: go back for it) */
+	now = ursa_now_ns();
 	if (u->timing && p->psn == u->t_psn)
-		rtt_sample(u, ursa_now_ns());	/* (it arrived now) */
-	rd_ask_missing(qp, u, r, idx, ursa_now_ns());
+		rtt_sample(u, now);	/* (it arrived now) */
+	rd_ask_missing(qp, u, r, idx, now);
 	return 0;
 }
 
@@ -826,8 +828,6 @@ void rc_comp_cnp(struct ursa_qp *qp, struct ursa_rc *u, uint64_t now)
 	if (u->cut_at && now - u->cut_at < rtt)
 		return;
 	u->cut_at = now;
-	u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
-	u->ssthresh = u->cwnd;
-	u->cwnd_acc = 0;
+	rc_window_cut(u);
 	atomic_fetch_add(&ursa_udp_cnt.cnp_cuts, 1);
 }

@@ -209,6 +209,16 @@ void rc_window_grow(struct ursa_qp *qp, struct ursa_rc *u, uint32_t n)
 	u->cwnd = MIN(u->cwnd, max);
 }
 
+/* Congestion (a loss with a queue, ECN marks): the window halves, never
+ * below URSA_UDP_WINDOW_MIN, and grows back from there by one packet per
+ * window acknowledged (the threshold set there), as TCP's does. */
+void rc_window_cut(struct ursa_rc *u)
+{
+	u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
+	u->ssthresh = u->cwnd;
+	u->cwnd_acc = 0;
+}
+
 uint8_t rc_transport_bits(struct ursa_qp *qp)
 {
 	switch (qp->ex.qp_base.qp_type) {

@@ -258,9 +258,7 @@ static void loss_response(struct ursa_rc *u, uint64_t now)
 		return;
 	}
 	atomic_fetch_add(&ursa_udp_cnt.loss_cuts, 1);
-	u->cwnd = MAX(URSA_UDP_WINDOW_MIN, u->cwnd / 2);
-	u->ssthresh = u->cwnd;
-	u->cwnd_acc = 0;
+	rc_window_cut(u);
 }
 
 /*

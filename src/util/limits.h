@@ -58,11 +58,11 @@
 /* selective repeat (engine/rc_sr.c): out-of-order packets a responder
  * holds (one SACK bit each), and a SACK at least every this many */
 #define URSA_SR_SLOTS 2048
+#define URSA_SR_SACK_EVERY 8
 /* READ pieces a requester asks for ahead of the first one not yet whole
  * (selective repeat: the holes are asked for alone meanwhile); each is a
  * READ the responder remembers (URSA_UDP_RRES) for the asks into it */
 #define URSA_READ_AHEAD 8
-#define URSA_SR_SACK_EVERY 8
 #define URSA_TLP_MIN_NS 100000ull	/* tail loss probe: at least this quiet */
 #define URSA_UDP_PIPE 32	/* messages in flight per QP before the newest */
 #define URSA_UDP_MAX_PKT (4096 + 128)
