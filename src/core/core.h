@@ -164,6 +164,7 @@ struct ursa_cq {
 	 * cur's. */
 	uint64_t *ts, cur_ts;
 	atomic_uint comp_events;   /* events delivered on the channel */
+	atomic_uint async_events;  /* async events read (evq.c) */
 	atomic_int refs;	   /* QPs and SRQs attached */
 };
 
@@ -185,6 +186,7 @@ struct ursa_srq {
 	struct ursa_rq rq;
 	uint32_t limit;		   /* armed limit, 0 = disarmed */
 	atomic_int refs;
+	atomic_uint async_events;  /* async events read (evq.c) */
 	enum ibv_srq_type type;
 	struct ursa_cq *cq;	   /* XRC only */
 };
@@ -280,6 +282,7 @@ struct ursa_qp {
 	struct ursa_srq *srq;
 	struct ursa_qp *next;	   /* ctx->qps list */
 	atomic_int refs;	   /* lookups through the loop transport */
+	atomic_uint async_events;  /* async events read (evq.c) */
 	bool in_ctx_list;
 	/* The MR of the requester's last local SGE (ursa_req_direct and
 	 * the engine), and of the responder's last receive SGE (a SEND in
@@ -405,12 +408,25 @@ int ursa_evq_init(struct ursa_evq *q, bool nonblock);
 /* free_item releases items still queued (NULL: not owned). */
 void ursa_evq_fini(struct ursa_evq *q, void (*free_item)(void *));
 int ursa_evq_push(struct ursa_evq *q, void *item);
-/* Pops one item; blocks unless the fd is non-blocking. 0 or -errno. */
-int ursa_evq_pop(struct ursa_evq *q, void **item);
+/* Pops one item; blocks unless the fd is non-blocking. 0 or -errno.
+ * taken (NULL: none) sees the item before the queue's lock is let go,
+ * so that a destroy that drops the object's items (ursa_evq_drop) and
+ * then waits for what was handed out cannot miss it. */
+int ursa_evq_pop(struct ursa_evq *q, void **item, void (*taken)(void *));
 /* Drops queued items equal to item; returns how many. */
 int ursa_evq_drop(struct ursa_evq *q, void *item);
 void ursa_async_event(struct ursa_ctx *ctx, enum ibv_event_type type,
 		      void *obj);
+/* ibv_get_async_event's pop, counting the event against its object */
+int ursa_async_pop(struct ursa_ctx *ctx, struct ibv_async_event **ev);
+/* ibv_ack_async_event: the event's object counts it acknowledged */
+void ursa_async_acked(const struct ibv_async_event *ev);
+/* A destroy verb's part: the object's (a QP's, CQ's or SRQ's) async
+ * events not yet read are dropped, and the call waits until each one
+ * read has been acknowledged. */
+void ursa_async_forget_qp(struct ursa_qp *qp);
+void ursa_async_forget_cq(struct ursa_cq *cq);
+void ursa_async_forget_srq(struct ursa_srq *srq);
 
 /* mr.c */
 int ursa_mr_reg(struct ursa_pd *pd, void *addr, size_t length, uint64_t iova,

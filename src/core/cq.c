@@ -64,6 +64,7 @@ int ursa_cq_destroy(struct ursa_cq *cq)
 
 	if (atomic_load(&cq->refs))
 		return -EBUSY;
+	ursa_async_forget_cq(cq);
 	if (ch) {
 		ursa_evq_drop(&to_uch(ch)->q, cq);
 		/* As libibverbs does: wait until every event the application

@@ -236,6 +236,8 @@ int ursa_qp_destroy(struct ursa_qp *qp)
 	/* Only now: a pass (engine or application, under qp_lock) walks
 	 * ctx->qps and reads qp->rc (held ACKs, send steps). */
 	ursa_hooks.rc_qp_fini(qp);
+	/* (nothing raises an event for it now) */
+	ursa_async_forget_qp(qp);
 	ursa_pub_qp_free(qp);
 	qp_clean_cqs(qp);
 	atomic_fetch_sub(&qp->pd->refs, 1);
@@ -779,6 +781,7 @@ int ursa_srq_destroy(struct ursa_srq *srq)
 {
 	if (atomic_load(&srq->refs))
 		return -EBUSY;
+	ursa_async_forget_srq(srq);
 	atomic_fetch_sub(&srq->pd->refs, 1);
 	ursa_ring_fini(&srq->rq.ring);
 	pthread_mutex_destroy(&srq->lock);

@@ -183,7 +183,11 @@ static bool read_piece_due(const struct ursa_rc *u)
 		return true;
 	for (uint32_t i = 0; i < u->m.nahead; i++)
 		live += u->m.ahead[i] > u->m.acked;
+	/* (each piece is one more READ request outstanding: with the
+	 * pipe's, the piece from acked and the live ones ahead, they stay
+	 * within the initiator depth, max_rd_atomic, IBTA 9.5 / o9-19) */
 	return u->sr.on && live < URSA_READ_AHEAD &&
+	       u->pipe_n + live + 2 <= u->qp->attr.max_rd_atomic &&
 	       read_out(u) + ahead_min(u) <= u->cwnd &&
 	       u->pipe_out + u->m.sent - u->m.acked + ahead_min(u) <
 		       URSA_SR_SLOTS - 1;

@@ -329,7 +329,7 @@ EXPORT int ibv_get_async_event(struct ibv_context *c,
 			       struct ibv_async_event *event)
 {
 	struct ibv_async_event *ev;
-	int ret = ursa_evq_pop(&to_uctx(c)->async, (void **)&ev);
+	int ret = ursa_async_pop(to_uctx(c), &ev);
 
 	if (ret)
 		return ret_minus1(ret);
@@ -338,11 +338,11 @@ EXPORT int ibv_get_async_event(struct ibv_context *c,
 	return 0;
 }
 
+/* The destroy verbs wait for it (core/evq.c). */
 EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 {
-	/* Objects are freed only by their destroy verbs, which do not wait
-	 * for async events here; the acknowledgement is bookkeeping. */
-	(void)event;
+	if (event)
+		ursa_async_acked(event);
 }
 
 EXPORT int ibv_fork_init(void)

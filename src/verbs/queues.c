@@ -89,15 +89,22 @@ int uv_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	return ret_errno(ret);
 }
 
+/* Counted before the channel's lock is let go: ursa_cq_destroy drops
+ * the CQ's queued events, then waits for the ones counted here to be
+ * acknowledged. */
+static void cq_event_taken(void *item)
+{
+	atomic_fetch_add(&((struct ursa_cq *)item)->comp_events, 1);
+}
+
 EXPORT int ibv_get_cq_event(struct ibv_comp_channel *c, struct ibv_cq **cq,
 			    void **cq_context)
 {
 	struct ursa_cq *ucq;
-	int ret = ursa_evq_pop(&to_uch(c)->q, (void **)&ucq);
+	int ret = ursa_evq_pop(&to_uch(c)->q, (void **)&ucq, cq_event_taken);
 
 	if (ret)
 		return ret_minus1(ret);
-	atomic_fetch_add(&ucq->comp_events, 1);
 	*cq = ibv_cq_ex_to_cq(&ucq->ex);
 	*cq_context = ucq->ex.cq_context;
 	return 0;

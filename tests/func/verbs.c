@@ -6,12 +6,15 @@
  * ibv_query_pkey and ibv_get_cq_event return -1 and set errno.
  */
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <ursa/ursa.h>
 
@@ -773,6 +776,71 @@ static int test_cq(void)
 	return TEST_RESULT();
 }
 
+/* ibv_destroy_qp waits for this thread's acknowledgement */
+struct destroyer {
+	struct ibv_qp *qp;
+	atomic_int done;
+};
+
+static void *destroy_thread(void *arg)
+{
+	struct destroyer *d = arg;
+
+	ibv_destroy_qp(d->qp);
+	atomic_store(&d->done, 1);
+	return NULL;
+}
+
+/* As with the kernel and libibverbs: destroying a QP drops its async events
+ * not yet read, and waits until the ones read are acknowledged (UCX's async
+ * thread crashed on a LAST_WQE_REACHED read after its QP was gone). */
+static int test_async_events_of_destroyed(void)
+{
+	struct ibv_srq_init_attr sia = { .attr = { .max_wr = 16, .max_sge = 1 } };
+	struct ibv_qp_attr err = { .qp_state = IBV_QPS_ERR };
+	struct destroyer d = { 0 };
+	struct ibv_async_event ev, ev2;
+	struct ibv_srq *srq;
+	struct ibv_qp *q1, *q2;
+	struct fx f;
+	pthread_t t;
+	int fl;
+
+	REQUIRE(fx_open(&f, 16) == 0);
+	srq = ibv_create_srq(f.pd, &sia);
+	REQUIRE(srq);
+	q1 = make_qp(&f, IBV_QPT_RC, NULL, NULL, srq);
+	q2 = make_qp(&f, IBV_QPT_RC, NULL, NULL, srq);
+	REQUIRE(q1 && q2 && to_init(q1, ALL_REMOTE) == 0 &&
+		to_init(q2, ALL_REMOTE) == 0);
+	fl = fcntl(f.ctx->async_fd, F_GETFL);
+	REQUIRE(fcntl(f.ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0);
+	/* IBTA 11.6.3.3: an SRQ's QP in error reports its last WQE */
+	REQUIRE(ibv_modify_qp(q1, &err, IBV_QP_STATE) == 0);
+	REQUIRE(ibv_modify_qp(q2, &err, IBV_QP_STATE) == 0);
+	EXPECT_EQ(ibv_destroy_qp(q1), 0);
+	/* q1's event went with it; q2's is there */
+	REQUIRE(ibv_get_async_event(f.ctx, &ev) == 0);
+	EXPECT_EQ(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
+	EXPECT_TRUE(ev.element.qp == q2);
+	errno = 0;
+	EXPECT_EQ(ibv_get_async_event(f.ctx, &ev2), -1);
+	EXPECT_EQ(errno, EAGAIN);
+	/* q2's event is read, not acknowledged: its destroy waits */
+	d.qp = q2;
+	REQUIRE(pthread_create(&t, NULL, destroy_thread, &d) == 0);
+	usleep(200000);
+	EXPECT_EQ(atomic_load(&d.done), 0);
+	ibv_ack_async_event(&ev);
+	for (int i = 0; i < 200 && !atomic_load(&d.done); i++)
+		usleep(10000);
+	EXPECT_EQ(atomic_load(&d.done), 1);
+	pthread_join(t, NULL);
+	EXPECT_EQ(ibv_destroy_srq(srq), 0);
+	fx_close(&f);
+	return TEST_RESULT();
+}
+
 static int test_cq_busy_and_overflow(void)
 {
 	struct fx f;
@@ -1369,6 +1437,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(query_port_gid_pkey, "port, GID table, P_Key"),
 	TEST_ENTRY(rxe_conformance, "create flags, QP access flags, CQ cleaned at RESET/destroy"),
 	TEST_ENTRY(async_port_events, "async fd: port down/up events"),
+	TEST_ENTRY(async_events_of_destroyed, "destroy_qp drops unread async events, waits for acks"),
 	TEST_ENTRY(pd, "PD in use cannot be freed"),
 	TEST_ENTRY(reg_mr, "registration, translation, ODP"),
 	TEST_ENTRY(reg_mr_bad_flow, "registration errno rules"),
