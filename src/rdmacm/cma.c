@@ -148,14 +148,35 @@ CMA_EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
 	return c ? &c->ch : NULL;
 }
 
+static void chan_free(struct cma_chan *c)
+{
+	close(c->ch.fd);
+	free(c);
+}
+
+/*
+ * A thread may still wait in rdma_get_cm_event on the channel, as rping's
+ * event thread does when its main thread tears down and exits. With the
+ * kernel's rdma_cm that thread stays blocked in its read of the closed
+ * file. Here the channel stays whole until that thread leaves: its
+ * eventfd may still hold the count of an event rdma_destroy_id dropped,
+ * and the thread woken by it reads the channel's queue (freed memory
+ * there crashed rping's client at exit); finding nothing, it waits on
+ * the eventfd again, which nothing writes any more.
+ */
 CMA_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *ch)
 {
 	struct cma_chan *c = (struct cma_chan *)ch;
+	bool waited;
 
 	if (!c)
 		return;
-	close(c->ch.fd);
-	free(c);
+	pthread_mutex_lock(&cma_lock);
+	waited = c->waiters > 0;
+	c->dead = true;
+	pthread_mutex_unlock(&cma_lock);
+	if (!waited)
+		chan_free(c);
 }
 
 /* Queue an event for id on its channel (cma_lock held). The private data
@@ -190,15 +211,17 @@ CMA_EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch,
 				 struct rdma_cm_event **event)
 {
 	struct cma_chan *c = (struct cma_chan *)ch;
-	struct cma_event *e;
+	struct cma_event *e = NULL;
+	bool last;
 	uint64_t v;
 
 	if (!c || !event)
 		return cma_errno(-EINVAL);
-	for (;;) {
-		/* blocks, or EAGAIN if the app made the fd non-blocking */
-		if (read(c->ch.fd, &v, sizeof(v)) != sizeof(v))
-			return -1;
+	pthread_mutex_lock(&cma_lock);
+	c->waiters++;
+	pthread_mutex_unlock(&cma_lock);
+	/* blocks, or EAGAIN if the app made the fd non-blocking */
+	while (read(c->ch.fd, &v, sizeof(v)) == sizeof(v)) {
 		pthread_mutex_lock(&cma_lock);
 		e = c->head;
 		if (e) {
@@ -214,6 +237,17 @@ CMA_EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch,
 			break;
 		/* (an event of an id destroyed before it was read) */
 	}
+	pthread_mutex_lock(&cma_lock);
+	last = --c->waiters == 0 && c->dead;
+	pthread_mutex_unlock(&cma_lock);
+	if (last) {
+		int err = errno;
+
+		chan_free(c);
+		errno = err;
+	}
+	if (!e)
+		return -1;
 	*event = &e->ev;
 	return 0;
 }

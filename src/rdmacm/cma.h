@@ -40,6 +40,10 @@ struct cma_chan {
 	struct rdma_event_channel ch;	/* fd: eventfd, one count an event */
 	struct cma_event *head, *tail;
 	bool own;			/* a sync id's private channel */
+	/* Threads inside rdma_get_cm_event; a channel destroyed while
+	 * there are some is freed by the last one out (dead). */
+	int waiters;
+	bool dead;
 };
 
 struct cma_event {

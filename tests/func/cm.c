@@ -10,6 +10,8 @@
 #include <dirent.h>
 #include <malloc.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <rdma/rdma_cma.h>
 #include <stdlib.h>
@@ -375,6 +377,55 @@ static int test_sync_errno(void)
 	return TEST_PASS;
 }
 
+static atomic_int waiter_out;
+
+static void *cm_waiter(void *arg)
+{
+	struct rdma_cm_event *e;
+
+	if (!rdma_get_cm_event(arg, &e))
+		rdma_ack_cm_event(e);
+	atomic_store(&waiter_out, 1);
+	return NULL;
+}
+
+/*
+ * rping's teardown: its event thread waits in rdma_get_cm_event while the
+ * main thread destroys the id (dropping an event not yet read) and the
+ * channel, then exits. As with the kernel's rdma_cm, the waiting thread
+ * stays blocked and touches nothing freed, even when the count of the
+ * dropped event wakes it after the channel is gone (modelled here by a
+ * write to a duplicate of the channel's eventfd; the client crashed on
+ * the freed channel about one run in a few hundred).
+ */
+static int test_channel_destroyed_under_waiter(void)
+{
+	struct sockaddr_in a = lo(7307);
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	uint64_t one = 1;
+	pthread_t t;
+	int fd2;
+
+	REQUIRE(ch && !rdma_create_id(ch, &id, NULL, RDMA_PS_TCP));
+	REQUIRE(rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000) == 0);
+	usleep(100000);			/* ADDR_RESOLVED queued, not read */
+	EXPECT_EQ(rdma_destroy_id(id), 0);
+	fd2 = dup(ch->fd);
+	REQUIRE(fd2 >= 0);
+	REQUIRE(pthread_create(&t, NULL, cm_waiter, ch) == 0);
+	pthread_detach(t);
+	usleep(100000);			/* it took the stale count, waits */
+	EXPECT_EQ(atomic_load(&waiter_out), 0);
+	rdma_destroy_event_channel(ch);
+	REQUIRE(write(fd2, &one, sizeof(one)) == sizeof(one));
+	usleep(100000);
+	/* still blocked, as in a read of the kernel's closed rdma_cm file */
+	EXPECT_EQ(atomic_load(&waiter_out), 0);
+	close(fd2);
+	return TEST_RESULT();
+}
+
 int main(int argc, char **argv)
 {
 	static const struct test tests[] = {
@@ -384,6 +435,7 @@ int main(int argc, char **argv)
 		TEST_ENTRY(hundred_connections_no_leak, "100 connect/disconnect: same fds, QPNs, heap"),
 		TEST_ENTRY(bad_mads_dropped_and_counted, "malformed and orphan MADs"),
 		TEST_ENTRY(sync_errno, "synchronous ids, librdmacm's errno"),
+		TEST_ENTRY(channel_destroyed_under_waiter, "rdma_get_cm_event waiting while its channel goes"),
 	};
 
 	return harness_main(tests, sizeof(tests) / sizeof(tests[0]), argc, argv);
