@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static uint32_t pow2(uint32_t n)
 {
@@ -217,10 +218,39 @@ static void qp_clean_cqs(struct ursa_qp *qp)
 		ursa_cq_clean(qp->rcq, qpn, qp->srq != NULL);
 }
 
+/*
+ * A NIC puts a UD or UC message on the wire within microseconds of its
+ * post; nothing answers it, so an application may destroy the QP right
+ * after posting (libfabric's rxd sends its last ACKs and closes). Here a
+ * send to another process of this host waits in the SQ until that
+ * process's engine takes it, and destroying the QP would lose it: the
+ * peer then waited for an ACK that never came (fi_pingpong's server, one
+ * run in three). The messages posted before the destroy go out first,
+ * for at most URSA_DRAIN_MS (a peer that takes nothing does not hold the
+ * destroy up).
+ */
+static void sq_drain(struct ursa_qp *qp)
+{
+	enum ibv_qp_type t = qp->ex.qp_base.qp_type;
+	uint64_t until;
+
+	if ((t != IBV_QPT_UD && t != IBV_QPT_UC) || !ursa_ring_ready(&qp->sq) ||
+	    qp_state(qp) != IBV_QPS_RTS || !qp->ctx->eng)
+		return;
+	until = ursa_now_ns() + URSA_DRAIN_MS * 1000000ull;
+	while (ursa_ring_ready(&qp->sq) && qp_state(qp) == IBV_QPS_RTS &&
+	       ursa_now_ns() < until) {
+		if (ursa_hooks.progress_qp(qp) < 0)
+			ursa_hooks.kick(qp->ctx->eng);
+		usleep(50);
+	}
+}
+
 int ursa_qp_destroy(struct ursa_qp *qp)
 {
 	struct ursa_ctx *ctx = qp->ctx;
 
+	sq_drain(qp);
 	/* No responder can find the QP after this, and none still runs. */
 	ursa_hooks.qp_del(qp);
 	ursa_mutex_lock(&ctx->qp_lock);

@@ -92,6 +92,7 @@
 #define URSA_ENG_TICK_NS 1000000ull	  /* a recently busy engine wakes */
 #define URSA_ENG_RECENT_NS 100000000ull	  /* ... while busy this recently */
 #define URSA_ENG_APP_POLL_NS 50000ull	  /* leave the lock to a poller */
+#define URSA_DRAIN_MS 100	/* a UD/UC QP's posted sends, at its destroy */
 
 /* --- connection management (transport/gsi.c, rdmacm/cm.c) ------------------ */
 #define URSA_GSI_PEND_MAX 512	   /* MADs waiting for a full owner queue */

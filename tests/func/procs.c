@@ -2228,6 +2228,56 @@ static int test_ud_uc_across_processes(void)
 	return TEST_RESULT();
 }
 
+/* UD sends posted right before ibv_destroy_qp still arrive, as from a NIC
+ * that put them on the wire at the post (libfabric's rxd sends its last
+ * ACKs and closes; its peer waited for them forever). */
+static int test_ud_posted_then_destroyed(void)
+{
+	struct target_arg ta = { IBV_QPT_UD, 1 << 20, 0 };
+	struct ibv_send_wr wr = { 0 }, *bad;
+	struct ibv_ah_attr av;
+	struct xinfo peer;
+	struct ibv_ah *ah;
+	struct ibv_sge s;
+	struct end me;
+	int sock, n = 32;
+	pid_t pid;
+
+	REQUIRE(end_open(&me, IBV_QPT_UD, 1 << 20, false) == 0);
+	pid = start_target(&ta, &me, &sock, &peer);
+	REQUIRE(pid > 0);
+	fill_av(me.f.ctx, &av);
+	ah = ibv_create_ah(me.f.pd, &av);
+	REQUIRE(ah);
+	for (int i = 0; i < n; i++)
+		REQUIRE(cmd(sock, CMD_RECV, (uint64_t)i * 1024, 40 + 256, 0) == 0);
+	memset(me.buf, 'd', 256);
+	s = (struct ibv_sge){ (uintptr_t)me.buf, 256, me.mr->lkey };
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_SEND;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = peer.qpn;
+	wr.wr.ud.remote_qkey = 0x11111111;
+	for (int i = 0; i < n; i++) {
+		wr.send_flags = i == n - 1 ? IBV_SEND_SIGNALED : 0;
+		REQUIRE(ibv_post_send(me.qp, &wr, &bad) == 0);
+	}
+	/* no poll: the QP goes at once */
+	EXPECT_EQ(ibv_destroy_qp(me.qp), 0);
+	me.qp = NULL;
+	int got = 0;
+
+	while (got < n && cmd(sock, CMD_POLL, 0, 0, 0) == (uint64_t)(40 + 256))
+		got++;
+	EXPECT_EQ(got, n);
+	cmd(sock, CMD_QUIT, 0, 0, 0);
+	EXPECT_EQ(reap(pid), 0);
+	ibv_destroy_ah(ah);
+	end_close(&me);
+	return TEST_RESULT();
+}
+
 static int test_qpn_unique_across_processes(void)
 {
 	struct fx f;
@@ -2375,6 +2425,7 @@ static const struct test tests[] = {
 	TEST_ENTRY(peer_death, "SIGKILLed peer: RETRY_EXC_ERR, others unaffected"),
 	TEST_ENTRY(stale_send_hint, "a SEND after the peer died and the QP was reconnected (stale prefetch hint)"),
 	TEST_ENTRY(ud_uc_across_processes, "UD and UC between processes"),
+	TEST_ENTRY(ud_posted_then_destroyed, "UD sends posted right before destroy_qp arrive"),
 	TEST_ENTRY(qpn_unique_across_processes, "QPNs unique on the host"),
 	TEST_ENTRY(atomics_mapped_and_engine, "atomics in a mapped MR and through the target's engine, one counter"),
 	TEST_ENTRY(fork, "fork: child opens anew, parent keeps working"),

@@ -82,6 +82,12 @@ fi
 # srv_cli SERVER CLIENT: the server command in the background, then the
 # client command, retried while the server is not listening yet; sets crc,
 # src and the logs $tmp/s, $tmp/c. Each command is word-split.
+# The backtrace UCX prints when a program it runs in crashes (its own
+# signal handler), from either side's output: a crash's only trace.
+crash_bt() {
+	grep -h -A14 'Caught signal' "$tmp/c" "$tmp/s" 2>/dev/null | sed 's/^/    /'
+}
+
 srv_cli() {
 	# shellcheck disable=SC2086
 	$1 >"$tmp/s" 2>&1 &
@@ -118,7 +124,7 @@ if have ucx_info && have ucx_perftest; then
 				ok "$where: ucx_perftest -x $tl -t $test$opts"
 			else
 				bad "$where: ucx_perftest -x $tl -t $test$opts" \
-				    "client $crc server $src: $(grep -E 'ERROR|Final' "$tmp/c" "$tmp/s" | head -3 | tr '\n' ' ')"
+				    "client $crc server $src: $(grep -E 'ERROR|Final' "$tmp/c" "$tmp/s" | head -3 | tr '\n' ' ')$(crash_bt)"
 			fi
 		done
 		for t in tag_lat "tag_bw -s 1048576 -n 200" "ucp_put_bw -s 1048576 -n 200" \
@@ -132,7 +138,7 @@ if have ucx_info && have ucx_perftest; then
 				ok "$where: UCP ucx_perftest -t $test$opts over ${lanes% }"
 			else
 				bad "$where: UCP ucx_perftest -t $test$opts" \
-				    "client $crc server $src, lanes '$lanes': $(grep -E 'ERROR|Final' "$tmp/c" "$tmp/s" | head -3 | tr '\n' ' ')"
+				    "client $crc server $src, lanes '$lanes': $(grep -E 'ERROR|Final' "$tmp/c" "$tmp/s" | head -3 | tr '\n' ' ')$(crash_bt)"
 			fi
 		done
 	}
@@ -204,7 +210,7 @@ fi_pp() {
 	if [ $crc = 0 ] && grep -q "^1m " "$tmp/c" && grep -q "^1m " "$tmp/s"; then
 		ok "$1: fi_pingpong -p 'verbs;ofi_rxd' -e rdm, 64 B .. 1 MiB both ways$late"
 	else
-		bad "$1: fi_pingpong verbs;ofi_rxd" "client $crc: $(tail -2 "$tmp/c" | tr '\n' ' ')"
+		bad "$1: fi_pingpong verbs;ofi_rxd" "client $crc: $(tail -2 "$tmp/c" | tr '\n' ' ')/ server: $(tail -2 "$tmp/s" | tr '\n' ' ')"
 	fi
 }
 if have fi_info && have fi_pingpong; then
