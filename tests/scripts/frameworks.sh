@@ -191,10 +191,11 @@ fi
 # ---------------------------------------------------------------- libfabric
 # fi_pp WHERE SPREFIX CPREFIX ADDR: fi_pingpong over verbs;ofi_rxd (RDM on
 # UD, no rdma_cm). Both sides must measure every size; the client must
-# exit 0. The server is given 10 s more to exit: in about one run of five
-# it keeps waiting in libfabric after its last line, the client gone (seen
-# in ofi_rxd's progress loop; not traced further), so it is then stopped
-# and that is said.
+# exit 0. The server is given 10 s more to exit; one still waiting in
+# libfabric after its last line is stopped and that is said. (In about
+# one run of five it waited there for the client's last ACKs, which the
+# client's ibv_destroy_qp dropped from its send queue; now posted UD
+# sends go out before the destroy: core/qp.c sq_drain.)
 fi_pp() {
 	$2 timeout 60 fi_pingpong -p "verbs;ofi_rxd" -e rdm -I 100 >"$tmp/s" 2>&1 &
 	spid=$!
