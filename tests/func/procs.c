@@ -2170,43 +2170,61 @@ static int test_stale_send_hint(void)
 	return TEST_RESULT();
 }
 
-static int test_ud_uc_across_processes(void)
+/* A UD end here and a UD target process, with wr ready to SEND len bytes
+ * of me->buf (through s) to the target's QP. Returns the target's pid or
+ * -1. */
+static pid_t ud_target(struct end *me, int *sock, struct ibv_ah **ah,
+		       struct ibv_send_wr *wr, struct ibv_sge *s, uint32_t len)
 {
 	struct target_arg ta = { IBV_QPT_UD, 1 << 20, 0 };
+	struct ibv_ah_attr av;
+	struct xinfo peer;
+	pid_t pid;
+
+	if (end_open(me, IBV_QPT_UD, 1 << 20, false))
+		return -1;
+	pid = start_target(&ta, me, sock, &peer);
+	if (pid < 0)
+		return -1;
+	fill_av(me->f.ctx, &av);
+	*ah = ibv_create_ah(me->f.pd, &av);
+	if (!*ah)
+		return -1;
+	*s = (struct ibv_sge){ (uintptr_t)me->buf, len, me->mr->lkey };
+	memset(wr, 0, sizeof(*wr));
+	wr->sg_list = s;
+	wr->num_sge = 1;
+	wr->opcode = IBV_WR_SEND;
+	wr->wr.ud.ah = *ah;
+	wr->wr.ud.remote_qpn = peer.qpn;
+	wr->wr.ud.remote_qkey = 0x11111111;
+	return pid;
+}
+
+static int test_ud_uc_across_processes(void)
+{
 	struct target_arg tc = { IBV_QPT_UC, 1 << 20, 0 };
 	struct end me;
 	struct xinfo peer;
 	int sock;
 	pid_t pid;
-	struct ibv_ah_attr av;
 	struct ibv_ah *ah;
 	struct ibv_sge s;
-	struct ibv_send_wr wr = { 0 }, *bad;
+	struct ibv_send_wr wr, *bad;
 	struct ibv_wc wc;
 
-	REQUIRE(end_open(&me, IBV_QPT_UD, 1 << 20, false) == 0);
-	pid = start_target(&ta, &me, &sock, &peer);
+	pid = ud_target(&me, &sock, &ah, &wr, &s, 512);
 	REQUIRE(pid > 0);
-	fill_av(me.f.ctx, &av);
-	ah = ibv_create_ah(me.f.pd, &av);
-	REQUIRE(ah);
 	EXPECT_EQ(cmd(sock, CMD_RECV, 0, 40 + 512, 0), 0);
 	memset(me.buf, 'u', 512);
-	s = (struct ibv_sge){ (uintptr_t)me.buf, 512, me.mr->lkey };
-	wr.sg_list = &s;
-	wr.num_sge = 1;
-	wr.opcode = IBV_WR_SEND;
 	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.wr.ud.ah = ah;
-	wr.wr.ud.remote_qpn = peer.qpn;
-	wr.wr.ud.remote_qkey = 0x11111111;
 	REQUIRE(ibv_post_send(me.qp, &wr, &bad) == 0);
 	REQUIRE(wait_wc(me.f.cq, &wc, 5000) == 1);
 	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
 	EXPECT_EQ(cmd(sock, CMD_POLL, 0, 0, 0), (uint64_t)(40 + 512));
 	EXPECT_EQ(cmd(sock, CMD_SUM, 40, 512, 0), sum(me.buf, 512));
 	/* to a QPN that does not exist: UD never knows */
-	wr.wr.ud.remote_qpn = peer.qpn ^ 0x800000;
+	wr.wr.ud.remote_qpn ^= 0x800000;
 	REQUIRE(ibv_post_send(me.qp, &wr, &bad) == 0);
 	REQUIRE(wait_wc(me.f.cq, &wc, 5000) == 1);
 	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
@@ -2233,32 +2251,18 @@ static int test_ud_uc_across_processes(void)
  * ACKs and closes; its peer waited for them forever). */
 static int test_ud_posted_then_destroyed(void)
 {
-	struct target_arg ta = { IBV_QPT_UD, 1 << 20, 0 };
-	struct ibv_send_wr wr = { 0 }, *bad;
-	struct ibv_ah_attr av;
-	struct xinfo peer;
+	struct ibv_send_wr wr, *bad;
 	struct ibv_ah *ah;
 	struct ibv_sge s;
 	struct end me;
 	int sock, n = 32;
 	pid_t pid;
 
-	REQUIRE(end_open(&me, IBV_QPT_UD, 1 << 20, false) == 0);
-	pid = start_target(&ta, &me, &sock, &peer);
+	pid = ud_target(&me, &sock, &ah, &wr, &s, 256);
 	REQUIRE(pid > 0);
-	fill_av(me.f.ctx, &av);
-	ah = ibv_create_ah(me.f.pd, &av);
-	REQUIRE(ah);
 	for (int i = 0; i < n; i++)
 		REQUIRE(cmd(sock, CMD_RECV, (uint64_t)i * 1024, 40 + 256, 0) == 0);
 	memset(me.buf, 'd', 256);
-	s = (struct ibv_sge){ (uintptr_t)me.buf, 256, me.mr->lkey };
-	wr.sg_list = &s;
-	wr.num_sge = 1;
-	wr.opcode = IBV_WR_SEND;
-	wr.wr.ud.ah = ah;
-	wr.wr.ud.remote_qpn = peer.qpn;
-	wr.wr.ud.remote_qkey = 0x11111111;
 	for (int i = 0; i < n; i++) {
 		wr.send_flags = i == n - 1 ? IBV_SEND_SIGNALED : 0;
 		REQUIRE(ibv_post_send(me.qp, &wr, &bad) == 0);
