@@ -197,26 +197,56 @@ void ursa_async_event(struct ursa_ctx *ctx, enum ibv_event_type type,
 		free(ev);
 }
 
-/* (under the queue's lock: ursa_evq_pop) */
-static void async_taken(void *item)
-{
-	struct ibv_async_event *ev = item;
+/* What an event names, and the counts its destroy waits on: the object,
+ * ursa's count of its events read, and the libibverbs structure's mutex,
+ * condition variable and acknowledged count. False for a port's event. */
+struct async_obj {
+	const void *obj;
+	atomic_uint *read;
+	pthread_mutex_t *mu;
+	pthread_cond_t *cv;
+	uint32_t *completed;
+};
 
+static bool async_obj(const struct ibv_async_event *ev, struct async_obj *o)
+{
 	switch (async_kind(ev->event_type)) {
-	case ASYNC_QP:
-		atomic_fetch_add(&container_of(ev->element.qp, struct ursa_qp,
-					       ex.qp_base)->async_events, 1);
-		break;
-	case ASYNC_CQ:
-		atomic_fetch_add(&cq_of(ev->element.cq)->async_events, 1);
-		break;
-	case ASYNC_SRQ:
-		atomic_fetch_add(&container_of(ev->element.srq, struct ursa_srq,
-					       ibv)->async_events, 1);
-		break;
+	case ASYNC_QP: {
+		struct ibv_qp *q = ev->element.qp;
+
+		*o = (struct async_obj){ q, &container_of(q, struct ursa_qp,
+			ex.qp_base)->async_events, &q->mutex, &q->cond,
+			&q->events_completed };
+		return true;
+	}
+	case ASYNC_CQ: {
+		struct ibv_cq *c = ev->element.cq;
+
+		*o = (struct async_obj){ c, &cq_of(c)->async_events, &c->mutex,
+			&c->cond, &c->async_events_completed };
+		return true;
+	}
+	case ASYNC_SRQ: {
+		struct ibv_srq *r = ev->element.srq;
+
+		*o = (struct async_obj){ r, &container_of(r, struct ursa_srq,
+			ibv)->async_events, &r->mutex, &r->cond,
+			&r->events_completed };
+		return true;
+	}
 	case ASYNC_PORT:
 		break;
 	}
+	return false;
+}
+
+/* (under the queue's lock: ursa_evq_pop) */
+static void async_taken(void *item)
+{
+	struct async_obj o;
+
+	if (async_obj(item, &o))
+		atomic_fetch_add(o.read, 1);
 }
 
 int ursa_async_pop(struct ursa_ctx *ctx, struct ibv_async_event **ev)
@@ -224,82 +254,59 @@ int ursa_async_pop(struct ursa_ctx *ctx, struct ibv_async_event **ev)
 	return ursa_evq_pop(&ctx->async, (void **)ev, async_taken);
 }
 
-/* The object's acknowledged count, its mutex and condition variable: the
- * fields of the libibverbs structure that its destroy verb waits on. */
-static void acked(pthread_mutex_t *mu, pthread_cond_t *cv, uint32_t *n)
-{
-	pthread_mutex_lock(mu);
-	(*n)++;
-	pthread_cond_broadcast(cv);
-	pthread_mutex_unlock(mu);
-}
-
 void ursa_async_acked(const struct ibv_async_event *ev)
 {
-	switch (async_kind(ev->event_type)) {
-	case ASYNC_QP:
-		acked(&ev->element.qp->mutex, &ev->element.qp->cond,
-		      &ev->element.qp->events_completed);
-		break;
-	case ASYNC_CQ:
-		acked(&ev->element.cq->mutex, &ev->element.cq->cond,
-		      &ev->element.cq->async_events_completed);
-		break;
-	case ASYNC_SRQ:
-		acked(&ev->element.srq->mutex, &ev->element.srq->cond,
-		      &ev->element.srq->events_completed);
-		break;
-	case ASYNC_PORT:
-		break;
-	}
+	struct async_obj o;
+
+	if (!async_obj(ev, &o))
+		return;
+	pthread_mutex_lock(o.mu);
+	(*o.completed)++;
+	pthread_cond_broadcast(o.cv);
+	pthread_mutex_unlock(o.mu);
 }
 
 static bool names(void *item, const void *obj)
 {
-	const struct ibv_async_event *ev = item;
+	struct async_obj o;
 
-	switch (async_kind(ev->event_type)) {
-	case ASYNC_QP:
-		return ev->element.qp == obj;
-	case ASYNC_CQ:
-		return ev->element.cq == obj;
-	case ASYNC_SRQ:
-		return ev->element.srq == obj;
-	case ASYNC_PORT:
-		break;
-	}
-	return false;
+	return async_obj(item, &o) && o.obj == obj;
 }
 
-static void forget(struct ursa_ctx *ctx, const void *obj,
-		   const atomic_uint *read, pthread_mutex_t *mu,
-		   pthread_cond_t *cv, const uint32_t *completed)
+/* ev: any event of the object (its kind and element) */
+static void forget(struct ursa_ctx *ctx, const struct ibv_async_event *ev)
 {
-	drop_where(&ctx->async, names, obj, free);
-	pthread_mutex_lock(mu);
-	while (*completed != atomic_load(read))
-		pthread_cond_wait(cv, mu);
-	pthread_mutex_unlock(mu);
+	struct async_obj o;
+
+	if (!async_obj(ev, &o))
+		return;
+	drop_where(&ctx->async, names, o.obj, free);
+	pthread_mutex_lock(o.mu);
+	while (*o.completed != atomic_load(o.read))
+		pthread_cond_wait(o.cv, o.mu);
+	pthread_mutex_unlock(o.mu);
 }
 
 void ursa_async_forget_qp(struct ursa_qp *qp)
 {
-	struct ibv_qp *q = &qp->ex.qp_base;
+	struct ibv_async_event ev = { .element.qp = &qp->ex.qp_base,
+				      .event_type = IBV_EVENT_QP_FATAL };
 
-	forget(qp->ctx, q, &qp->async_events, &q->mutex, &q->cond,
-	       &q->events_completed);
+	forget(qp->ctx, &ev);
 }
 
 void ursa_async_forget_cq(struct ursa_cq *cq)
 {
-	struct ibv_cq *c = ibv_cq_ex_to_cq(&cq->ex);
+	struct ibv_async_event ev = { .element.cq = ibv_cq_ex_to_cq(&cq->ex),
+				      .event_type = IBV_EVENT_CQ_ERR };
 
-	forget(to_uctx(cq->ex.context), c, &cq->async_events, &c->mutex,
-	       &c->cond, &c->async_events_completed);
+	forget(to_uctx(cq->ex.context), &ev);
 }
 
 void ursa_async_forget_srq(struct ursa_srq *srq)
 {
-	forget(to_uctx(srq->ibv.context), &srq->ibv, &srq->async_events,
-	       &srq->ibv.mutex, &srq->ibv.cond, &srq->ibv.events_completed);
+	struct ibv_async_event ev = { .element.srq = &srq->ibv,
+				      .event_type = IBV_EVENT_SRQ_ERR };
+
+	forget(to_uctx(srq->ibv.context), &ev);
 }

@@ -225,7 +225,7 @@ static void qp_clean_cqs(struct ursa_qp *qp)
  * send to another process of this host waits in the SQ until that
  * process's engine takes it, and destroying the QP would lose it: the
  * peer then waited for an ACK that never came (fi_pingpong's server, one
- * run in three). The messages posted before the destroy go out first,
+ * run in five). The messages posted before the destroy go out first,
  * for at most URSA_DRAIN_MS (a peer that takes nothing does not hold the
  * destroy up).
  */
