@@ -55,6 +55,8 @@ struct ursa_device {
 	struct ibv_device ibdev;   /* first: handed to applications */
 	uint64_t node_guid;	   /* network byte order */
 	enum ibv_mtu max_mtu, active_mtu;
+	uint32_t wide;		   /* payload of ursa's wide packets, bytes
+				    * (proto/roce.h; 0: none above active) */
 	char netdev[16];	   /* the interface the port follows */
 	atomic_int port_state;	   /* enum ibv_port_state */
 	int ngids;

@@ -16,6 +16,7 @@
 #include "core.h"
 #include "pub.h"
 #include "uffd.h"
+#include "../proto/roce.h"
 #include "../util/fault.h"
 
 #include <arpa/inet.h>
@@ -37,6 +38,9 @@
 /* Headers RoCEv2 puts around a payload: IPv4 20, UDP 8, BTH 12, ICRC 4, and
  * room for the largest extension header (RETH 16 / AtomicETH 28). */
 #define ROCE_OVERHEAD (20 + 8 + 12 + 28 + 4)
+/* A WRITE or SEND request's longest headers (BTH, RETH and ImmDt: WRITE
+ * Only with Immediate; ICRC) over UDP and IPv6 */
+#define WIDE_OVERHEAD (40 + 8 + 12 + 16 + 4 + 4)
 
 static struct ursa_device the_dev;
 static pthread_once_t dev_once = PTHREAD_ONCE_INIT;
@@ -217,6 +221,13 @@ static void follow_netdev(struct ursa_device *d)
 		freeifaddrs(ifa);
 	d->active_mtu = mtu_from_if(ifmtu);
 	d->max_mtu = IBV_MTU_4096;
+	/* ursa's wide packets: what one frame carries, in 64-byte steps */
+	if (ifmtu > WIDE_OVERHEAD) {
+		d->wide = MIN((uint32_t)(ifmtu - WIDE_OVERHEAD) / ROCE_WIDE_STEP *
+			      ROCE_WIDE_STEP, ROCE_WIDE_MAX);
+		if (d->wide <= (uint32_t)ursa_mtu_bytes(d->active_mtu))
+			d->wide = 0;
+	}
 
 	uint8_t g[8];
 

@@ -80,6 +80,9 @@ void rc_send_ack(struct ursa_qp *qp, struct ursa_rc *u, const addr_t *to,
 	p.syndrome = syn;
 	p.msn = u->msn & 0xffffff;
 	p.orig = orig;
+	/* (to an ursa requester: what we take, proto/roce.h) */
+	p.wide = rc_wide_code(u);
+	p.sr = p.wide;
 	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
 	if (n > 0)
 		rc_tx(u, from, to, buf, (size_t)n, qp->attr.ah_attr.grh.hop_limit,

@@ -139,6 +139,8 @@ void ursa_rc_qp_modified(struct ursa_qp *qp, int mask)
 		u->pipe_cool = NULL;
 		rc_sr_forget(u);
 		u->sr.on = false;
+		u->peer_wide = 0;
+		u->req_sr = false;
 		ursa_rstate_drop(&u->rs);
 		if (!rc_can_receive(qp->attr.qp_state)) {
 			__atomic_store_n(&u->stash_len, 0, __ATOMIC_RELAXED);
@@ -176,13 +178,41 @@ uint32_t rc_mtu_of(struct ursa_qp *qp)
 							    IBV_MTU_1024);
 }
 
-static uint32_t window_max(struct ursa_qp *qp)
+/*
+ * The packet size of a message: the path MTU, or between ursa peers for
+ * WRITEs and SENDs ursa's wide packets (proto/roce.h ROCE_BTH4_WIDE_SHIFT):
+ * as large as both ends' links carry, once the responder has said what it
+ * takes, and only where the application chose the port's active MTU (one
+ * that asked for less keeps it). READ responses keep the path MTU: the
+ * responder cuts them.
+ */
+uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op)
+{
+	const struct ursa_device *d = ursa_device_get();
+	uint32_t m = rc_mtu_of(qp), w = MIN(d->wide, u->peer_wide);
+
+	if (!w || w <= m || op == IBV_WR_RDMA_READ || rc_is_atomic_op(op) ||
+	    qp->ex.qp_base.qp_type != IBV_QPT_RC || !ursa_cfg()->wide ||
+	    m != (uint32_t)ursa_mtu_bytes(d->active_mtu))
+		return m;
+	return w;
+}
+
+/* What the answers of a responder say it takes (0: its path MTU). */
+uint8_t rc_wide_code(const struct ursa_rc *u)
+{
+	return u->req_sr && ursa_cfg()->wide ?
+	       roce_wide_code(ursa_device_get()->wide) : 0;
+}
+
+static uint32_t window_max(struct ursa_qp *qp, const struct ursa_rc *u)
 {
 	int rb = ursa_udp_rcvbuf();
 	uint32_t bytes = MIN(URSA_UDP_WINDOW_BYTES, (uint32_t)MAX(rb, 0) / 2);
 
 	return MIN(URSA_UDP_WINDOW_MAX,
-		   MAX(URSA_UDP_WINDOW, bytes / rc_mtu_of(qp)));
+		   MAX(URSA_UDP_WINDOW,
+		       bytes / rc_msg_mtu(qp, u, IBV_WR_RDMA_WRITE)));
 }
 
 /* n more packets acknowledged. Up to a threshold the window grows by each
@@ -195,7 +225,7 @@ static uint32_t window_max(struct ursa_qp *qp)
  * slowly beyond it, where each loss would cost a larger window resent. */
 void rc_window_grow(struct ursa_qp *qp, struct ursa_rc *u, uint32_t n)
 {
-	uint32_t max = window_max(qp);
+	uint32_t max = window_max(qp, u);
 
 	if (u->cwnd < u->ssthresh) {
 		u->cwnd = MIN(MIN(u->cwnd + n, u->ssthresh), max);

@@ -90,6 +90,8 @@ static void dispatch(struct ursa_qp *qp, const struct roce_pkt *p,
 	if (t != IBV_QPT_UD && (u->ep.rxfd < 0 || u->ep.rx_port != sport))
 		ursa_udp_ep_connect(&u->ep, src, sport);
 	if (f & P_RESP) {
+		if (p->wide)	/* (an ursa responder's; proto/roce.h) */
+			u->peer_wide = roce_wide_bytes(p->wide);
 		decided = on_resp(qp, u, p);
 	} else if (!rc_can_receive(qp_state(qp))) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);
@@ -97,6 +99,7 @@ static void dispatch(struct ursa_qp *qp, const struct roce_pkt *p,
 	} else {
 		if ((flags & URSA_UDP_RX_CE) && t != IBV_QPT_UD)
 			rc_send_cnp(qp, u, src, dst);
+		u->req_sr = p->sr && ursa_cfg()->sr;
 		if (u->stash_len)
 			rc_run_held(qp, u);	/* in PSN order */
 		if (!rc_hold_request(qp, u, p, f, buf, len, dst, src)) {

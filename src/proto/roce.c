@@ -131,6 +131,7 @@ int roce_parse(const uint8_t *buf, size_t len, struct roce_pkt *p)
 	p->ackreq = buf[8] & 0x80;
 	p->becn = buf[4] & 0x40;
 	p->sr = buf[4] & ROCE_BTH4_SR;
+	p->wide = p->sr ? (buf[4] >> ROCE_BTH4_WIDE_SHIFT) & 31 : 0;
 	p->psn = get24(buf + 9);
 	h = buf + ROCE_BTH_LEN;
 	if (f & H_DETH) {
@@ -230,7 +231,8 @@ int roce_build(uint8_t *buf, size_t cap, const struct roce_pkt *p,
 	if (p->becn)
 		buf[4] = 0x40;
 	if (p->sr)
-		buf[4] |= ROCE_BTH4_SR;
+		buf[4] |= (uint8_t)(ROCE_BTH4_SR |
+				    (p->wide & 31) << ROCE_BTH4_WIDE_SHIFT);
 	h = buf + ROCE_BTH_LEN;
 	if (f & H_DETH) {
 		put32(h, p->qkey);

@@ -64,6 +64,8 @@ static const struct var vars[] = {
 	  "RoCEv2 packets ECN-capable; congestion marks answered with CNPs, CNPs slow the sender"),
 	F(sr, "URSA_SR", 1,
 	  "selective repeat between ursa peers: lost RoCEv2 packets resent alone, the rest held"),
+	F(wide, "URSA_WIDE", 1,
+	  "between ursa peers, WRITEs and SENDs in packets as large as the link carries (1408 bytes at MTU 1500) instead of the path MTU's"),
 	N(ack_delay_us, "URSA_ACK_DELAY_US", 50, 0, 500,
 	  "how long a RoCEv2 responder may hold an ACK to send it with its next packet (us)"),
 	N(rto_us, "URSA_RTO_US", 1000, 10, 10000000,

@@ -33,7 +33,7 @@ struct ursa_config {
 	/* registration */
 	long rcache, rcache_entries, rcache_mb, uffd;
 	/* RoCEv2 */
-	long udp_port, gso, gro, ecn, sr, ack_delay_us, rto_us;
+	long udp_port, gso, gro, ecn, sr, wide, ack_delay_us, rto_us;
 	const char *fault, *pcap;
 	/* connection manager (librdmacm) */
 	long cm_timeout_ms, cm_retries, cm_trace;

@@ -268,9 +268,34 @@ sr_check() { # LOSS WANT
 		bad "  selective repeat under $1 loss" "SACKs, resent: ${sr:-?} (want $2)"
 	fi
 }
+# Wide packets between ursa peers (proto/roce.h ROCE_BTH4_WIDE_SHIFT): on
+# these 1500-byte links 1 MiB WRITEs leave in packets of 1408 payload bytes
+# where the path MTU (1024) would cut them; not to a responder that does
+# not set the SR bit (URSA_SR=0, as rxe or a NIC), nor with URSA_WIDE=0.
+# The requester's URSA_STATS line: RoCEv2 payload bytes per packet sent.
+wide_check() { # WHAT SERVER_ENV WIDE(1|0)
+	SRV_ENV="$2" CLI_ENV="URSA_STATS=1" pair 60 ib_write_bw -F -s 1048576 -n 100
+	per=$(sed -n 's/.* 0 atomics in, \([0-9]*\) B out.*RoCEv2 packets tx \([0-9]*\) .*/\1 \2/p' "$tmp/c" |
+		awk 'NR == 1 && $2 > 0 {printf "%d", $1 / $2}')
+	if [ $crc != 0 ] || [ $src != 0 ] || [ -z "$per" ]; then
+		bad "$1" "client $crc server $src: $(grep -m1 'ursa stats: qp' "$tmp/c")"
+	elif { [ "$3" = 1 ] && [ "$per" -gt 1100 ]; } ||
+	     { [ "$3" = 0 ] && [ "$per" -le 1024 ]; }; then
+		ok "$1: $per payload bytes a packet"
+	else
+		bad "$1" "$per payload bytes a packet"
+	fi
+}
 if command -v ethtool >/dev/null && offloads off; then
 	ip netns exec $H1 ethtool -K v1h gro on >/dev/null 2>&1
 	ip netns exec $H2 ethtool -K v2h gro on >/dev/null 2>&1
+	if command -v ib_write_bw >/dev/null; then
+		wide_check "1 MiB WRITEs between ursa peers in wide packets" "" 1
+		wide_check "  to a responder without the SR bit: the path MTU" "URSA_SR=0" 0
+		wide_check "  with URSA_WIDE=0 on the responder: the path MTU" "URSA_WIDE=0" 0
+	else
+		skp "wide packets" "perftest not installed"
+	fi
 	for p in 0.01 0.05; do
 		ip netns exec $R iptables -A FORWARD -p udp --dport 4791 -m statistic \
 			--mode random --probability $p -j DROP 2>/dev/null || break
