@@ -183,33 +183,19 @@ uint32_t rc_mtu_of(struct ursa_qp *qp)
  * WRITEs and SENDs ursa's wide packets (proto/roce.h ROCE_BTH4_WIDE_SHIFT):
  * as large as both ends' links carry, once the responder has said what it
  * takes, and only where the application chose the port's active MTU (one
- * that asked for less keeps it). A READ says the size in its requests
- * (rc_read_code), and the responder cuts its responses so.
+ * that asked for less keeps it). READ responses keep the path MTU: the
+ * responder cuts them.
  */
 uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op)
 {
 	const struct ursa_device *d = ursa_device_get();
 	uint32_t m = rc_mtu_of(qp), w = MIN(d->wide, u->peer_wide);
 
-	if (!w || w <= m || rc_is_atomic_op(op) ||
+	if (!w || w <= m || op == IBV_WR_RDMA_READ || rc_is_atomic_op(op) ||
 	    qp->ex.qp_base.qp_type != IBV_QPT_RC || !ursa_cfg()->wide ||
 	    m != (uint32_t)ursa_mtu_bytes(d->active_mtu))
 		return m;
 	return w;
-}
-
-/* The size code a READ request of a message cut at mtu carries. */
-uint8_t rc_read_code(struct ursa_qp *qp, uint32_t mtu)
-{
-	return mtu > rc_mtu_of(qp) ? roce_wide_code(mtu) : 0;
-}
-
-/* The packet size of the responses to a READ request: its code's, or the
- * path MTU. The code is the requester's: it chose it below what our
- * answers said we take, and it places the responses by it. */
-uint32_t rc_read_mtu(struct ursa_qp *qp, const struct roce_pkt *p)
-{
-	return p->wide ? roce_wide_bytes(p->wide) : rc_mtu_of(qp);
 }
 
 /* What the answers of a responder say it takes (0: its path MTU). */
