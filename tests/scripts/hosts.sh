@@ -269,18 +269,21 @@ sr_check() { # LOSS WANT
 	fi
 }
 # Wide packets between ursa peers (proto/roce.h ROCE_BTH4_WIDE_SHIFT): on
-# these 1500-byte links 1 MiB WRITEs leave in packets of 1408 payload bytes
+# these 1500-byte links 1 MiB WRITEs move in packets of 1408 payload bytes
 # where the path MTU (1024) would cut them; not to a responder that does
-# not set the SR bit (URSA_SR=0, as rxe or a NIC), nor with URSA_WIDE=0.
-# The requester's URSA_STATS line: RoCEv2 payload bytes per packet sent.
-wide_check() { # WHAT SERVER_ENV WIDE(1|0)
-	SRV_ENV="$2" CLI_ENV="URSA_STATS=1" pair 60 ib_write_bw -F -s 1048576 -n 100
-	per=$(sed -n 's/.* 0 atomics in, \([0-9]*\) B out.*RoCEv2 packets tx \([0-9]*\) .*/\1 \2/p' "$tmp/c" |
-		awk 'NR == 1 && $2 > 0 {printf "%d", $1 / $2}')
-	if [ $crc != 0 ] || [ $src != 0 ] || [ -z "$per" ]; then
-		bad "$1" "client $crc server $src: $(grep -m1 'ursa stats: qp' "$tmp/c")"
-	elif { [ "$3" = 1 ] && [ "$per" -gt 1100 ]; } ||
-	     { [ "$3" = 0 ] && [ "$per" -le 1024 ]; }; then
+# not set the SR bit (URSA_SR=0, as rxe or a NIC), nor with URSA_WIDE=0,
+# and READ responses keep the path MTU. The requester's URSA_STATS line
+# gives the RoCEv2 bytes and packets it sent (WRITE) or received (READ):
+# less the BTH and ICRC of each, the payload per packet.
+wide_check() { # WHAT OP SERVER_ENV WIDE(1|0)
+	SRV_ENV="$3" CLI_ENV="URSA_STATS=1" pair 60 ib_$2_bw -F -s 1048576 -n 100
+	per=$(sed -n 's/.* RoCEv2: tx \([0-9]*\) pkts \([0-9]*\) B, rx \([0-9]*\) pkts \([0-9]*\) B,.*/\1 \2 \3 \4/p' "$tmp/c" |
+		awk -v op=$2 'NR == 1 { n = op == "read" ? $3 : $1; b = op == "read" ? $4 : $2
+			if (n > 0) printf "%d", b / n - 16 }')
+	if [ $crc != 0 ] || [ $src != 0 ] || [ "${per:-0}" -le 0 ]; then
+		bad "$1" "client $crc server $src: $(grep -m1 'RoCEv2: tx' "$tmp/c")"
+	elif { [ "$4" = 1 ] && [ "$per" -gt 1100 ]; } ||
+	     { [ "$4" = 0 ] && [ "$per" -le 1040 ]; }; then
 		ok "$1: $per payload bytes a packet"
 	else
 		bad "$1" "$per payload bytes a packet"
@@ -290,9 +293,10 @@ if command -v ethtool >/dev/null && offloads off; then
 	ip netns exec $H1 ethtool -K v1h gro on >/dev/null 2>&1
 	ip netns exec $H2 ethtool -K v2h gro on >/dev/null 2>&1
 	if command -v ib_write_bw >/dev/null; then
-		wide_check "1 MiB WRITEs between ursa peers in wide packets" "" 1
-		wide_check "  to a responder without the SR bit: the path MTU" "URSA_SR=0" 0
-		wide_check "  with URSA_WIDE=0 on the responder: the path MTU" "URSA_WIDE=0" 0
+		wide_check "1 MiB WRITEs between ursa peers in wide packets" write "" 1
+		wide_check "  to a responder without the SR bit: the path MTU" write URSA_SR=0 0
+		wide_check "  with URSA_WIDE=0 on the responder: the path MTU" write URSA_WIDE=0 0
+		wide_check "  READ responses: the path MTU" read "" 0
 	else
 		skp "wide packets" "perftest not installed"
 	fi
