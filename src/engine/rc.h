@@ -67,6 +67,9 @@ struct ursa_rc {
 	uint32_t cwnd, ssthresh, cwnd_acc; /* (window_grow) */
 	uint32_t peer_wide;	/* requester: the payload the responder takes
 				 * (ROCE_BTH4_WIDE_SHIFT; 0: its path MTU) */
+	uint32_t wide_psn;	/* requester: messages from this PSN on are
+				 * wide (rc_msg_mtu) */
+	bool wide_all;		/* requester: every message from now on */
 	bool req_sr;		/* responder: the requester set ROCE_BTH4_SR */
 	uint64_t cnp_at;	/* responder: when it last sent a CNP */
 	uint64_t cut_at;	/* requester: when a CNP last cut the window */
@@ -182,7 +185,9 @@ struct ursa_rc {
 
 /* rc_qp.c */
 uint32_t rc_mtu_of(struct ursa_qp *qp);
-uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op);
+uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op,
+		    uint32_t psn);
+void rc_wide_learn(struct ursa_rc *u, uint8_t code);
 uint8_t rc_wide_code(const struct ursa_rc *u);
 uint8_t rc_transport_bits(struct ursa_qp *qp);
 bool rc_can_receive(int st);

@@ -140,6 +140,7 @@ void ursa_rc_qp_modified(struct ursa_qp *qp, int mask)
 		rc_sr_forget(u);
 		u->sr.on = false;
 		u->peer_wide = 0;
+		u->wide_all = false;
 		u->req_sr = false;
 		ursa_rstate_drop(&u->rs);
 		if (!rc_can_receive(qp->attr.qp_state)) {
@@ -178,24 +179,56 @@ uint32_t rc_mtu_of(struct ursa_qp *qp)
 							    IBV_MTU_1024);
 }
 
-/*
- * The packet size of a message: the path MTU, or between ursa peers for
- * WRITEs and SENDs ursa's wide packets (proto/roce.h ROCE_BTH4_WIDE_SHIFT):
- * as large as both ends' links carry, once the responder has said what it
- * takes, and only where the application chose the port's active MTU (one
- * that asked for less keeps it). READ responses keep the path MTU: the
- * responder cuts them.
- */
-uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op)
+/* The size of ursa's wide packets to this QP's peer (proto/roce.h
+ * ROCE_BTH4_WIDE_SHIFT): as large as both ends' links carry, once the
+ * responder has said what it takes, and only where the application chose
+ * the port's active MTU (one that asked for less keeps it). 0: none. */
+static uint32_t wide_of(struct ursa_qp *qp, const struct ursa_rc *u,
+			uint32_t m)
 {
 	const struct ursa_device *d = ursa_device_get();
-	uint32_t m = rc_mtu_of(qp), w = MIN(d->wide, u->peer_wide);
+	uint32_t w = MIN(d->wide, u->peer_wide);
 
-	if (!w || w <= m || op == IBV_WR_RDMA_READ || rc_is_atomic_op(op) ||
-	    qp->ex.qp_base.qp_type != IBV_QPT_RC || !ursa_cfg()->wide ||
-	    m != (uint32_t)ursa_mtu_bytes(d->active_mtu))
+	if (!w || w <= m || qp->ex.qp_base.qp_type != IBV_QPT_RC ||
+	    !ursa_cfg()->wide || m != (uint32_t)ursa_mtu_bytes(d->active_mtu))
+		return 0;
+	return w;
+}
+
+/*
+ * The packet size of a WRITE or SEND message starting at psn: the path
+ * MTU, or wide packets (READ responses keep the path MTU: the responder
+ * cuts them). A message keeps its size when it is sent again from its
+ * start with the same PSNs (the messages a go-back drops from the pipe
+ * start again, rc_pipe_collapse): cut otherwise, the responder, which
+ * places a message's packets at the offsets of the ones before, would
+ * put the bytes of the second cut where the first cut's belong. So the
+ * size depends on the PSN alone: messages from the PSN the first answer
+ * found next (rc_wide_learn) are wide, those before it are not, until a
+ * message starts with nothing older left to send again (wide_all, set in
+ * rc_req.c msg_start).
+ */
+uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op,
+		    uint32_t psn)
+{
+	uint32_t m = rc_mtu_of(qp), w = wide_of(qp, u, m);
+
+	if (!w || op == IBV_WR_RDMA_READ || rc_is_atomic_op(op) ||
+	    (!u->wide_all && psn_cmp(psn, u->wide_psn) < 0))
 		return m;
 	return w;
+}
+
+/* An answer from an ursa responder says what it takes: once per
+ * connection. Wide from past every PSN a message was cut for: after a
+ * go-back next_psn is behind psn_hi, and the messages between go again. */
+void rc_wide_learn(struct ursa_rc *u, uint8_t code)
+{
+	if (u->peer_wide || !code)
+		return;
+	u->peer_wide = roce_wide_bytes(code);
+	u->wide_psn = psn_cmp(u->next_psn, u->psn_hi) > 0 ? u->next_psn :
+							     u->psn_hi;
 }
 
 /* What the answers of a responder say it takes (0: its path MTU). */
@@ -209,10 +242,10 @@ static uint32_t window_max(struct ursa_qp *qp, const struct ursa_rc *u)
 {
 	int rb = ursa_udp_rcvbuf();
 	uint32_t bytes = MIN(URSA_UDP_WINDOW_BYTES, (uint32_t)MAX(rb, 0) / 2);
+	uint32_t m = rc_mtu_of(qp), w = wide_of(qp, u, m);
 
 	return MIN(URSA_UDP_WINDOW_MAX,
-		   MAX(URSA_UDP_WINDOW,
-		       bytes / rc_msg_mtu(qp, u, IBV_WR_RDMA_WRITE)));
+		   MAX(URSA_UDP_WINDOW, bytes / (w ? w : m)));
 }
 
 /* n more packets acknowledged. Up to a threshold the window grows by each

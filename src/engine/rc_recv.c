@@ -90,8 +90,7 @@ static void dispatch(struct ursa_qp *qp, const struct roce_pkt *p,
 	if (t != IBV_QPT_UD && (u->ep.rxfd < 0 || u->ep.rx_port != sport))
 		ursa_udp_ep_connect(&u->ep, src, sport);
 	if (f & P_RESP) {
-		if (p->wide)	/* (an ursa responder's; proto/roce.h) */
-			u->peer_wide = roce_wide_bytes(p->wide);
+		rc_wide_learn(u, p->wide);	/* (an ursa responder's) */
 		decided = on_resp(qp, u, p);
 	} else if (!rc_can_receive(qp_state(qp))) {
 		atomic_fetch_add(&ursa_udp_cnt.drop_state, 1);

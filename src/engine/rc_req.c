@@ -361,7 +361,7 @@ static bool can_start(struct ursa_qp *qp, const struct ursa_rc *u,
 			   !u->pipe_cool)) &&
 	       u->m.sent == u->m.npkts && u->pipe_n < URSA_UDP_PIPE &&
 	       window_has(u, u->m.npkts - u->m.acked) &&
-	       u->m.mtu == rc_msg_mtu(qp, u, u->m.op);
+	       u->m.mtu == rc_msg_mtu(qp, u, u->m.op, u->m.first);
 }
 
 bool ursa_rc_can_start(struct ursa_qp *qp, const struct ursa_send_wqe *w)
@@ -541,7 +541,11 @@ static void msg_start(struct ursa_qp *qp, struct ursa_rc *u,
 	u->m.active = true;
 	u->m.wqe = w;
 	u->m.op = r->opcode;
-	u->m.mtu = rc_msg_mtu(qp, u, r->opcode);
+	u->m.mtu = rc_msg_mtu(qp, u, r->opcode, u->next_psn);
+	/* nothing older can start again (rc_msg_mtu) */
+	if (u->peer_wide && !u->pipe_n &&
+	    psn_cmp(u->next_psn, u->wide_psn) >= 0)
+		u->wide_all = true;
 	u->m.len = r->msg_len;
 	u->m.is_read = r->opcode == IBV_WR_RDMA_READ;
 	u->m.npkts = atomic ? 1 :
