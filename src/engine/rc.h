@@ -163,7 +163,7 @@ struct ursa_rc {
 	 * only if it starts inside one of them, at the same rkey and the
 	 * matching address (IBTA 9.7.5.1.3; rxe keeps such resources too),
 	 * never on the word of a packet behind the expected PSN alone */
-	struct { uint32_t psn, npkts, rkey; uint64_t va; bool valid; }
+	struct { uint32_t psn, npkts, rkey, mtu; uint64_t va; bool valid; }
 		rres[URSA_UDP_RRES];
 	unsigned rres_next;
 	/* Delayed ACK (ack_later): a positive ACK held back to leave with
@@ -189,6 +189,8 @@ uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op,
 		    uint32_t psn);
 void rc_wide_learn(struct ursa_rc *u, uint8_t code);
 uint8_t rc_wide_code(const struct ursa_rc *u);
+uint8_t rc_read_code(struct ursa_qp *qp, uint32_t mtu);
+uint32_t rc_read_mtu(struct ursa_qp *qp, const struct roce_pkt *p);
 uint8_t rc_transport_bits(struct ursa_qp *qp);
 bool rc_can_receive(int st);
 bool rc_is_atomic_op(uint32_t op);
@@ -202,6 +204,7 @@ bool rc_queued(const struct ursa_rc *u, uint64_t r);
 
 /* rc_req.c */
 void rc_read_again(struct ursa_qp *qp, struct ursa_rc *u, uint32_t psn,
+		   uint32_t mtu,
 		   uint64_t va, uint32_t rkey, uint32_t len);
 
 /* rc_comp.c: the ACK timeout (IBTA 9.7.6.1.3), now + d (UINT64_MAX: never),

@@ -280,7 +280,7 @@ static void rd_ask_missing(struct ursa_qp *qp, struct ursa_rc *u,
 		}
 		if (j == k)
 			continue;
-		rc_read_again(qp, u, psn_add(r->first, k),
+		rc_read_again(qp, u, psn_add(r->first, k), r->mtu,
 			      r->va + (uint64_t)k * r->mtu, r->rkey,
 			      (uint32_t)MIN(r->len - (uint64_t)k * r->mtu,
 					    (uint64_t)(j - k) * r->mtu));

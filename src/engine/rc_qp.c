@@ -196,9 +196,9 @@ static uint32_t wide_of(struct ursa_qp *qp, const struct ursa_rc *u,
 }
 
 /*
- * The packet size of a WRITE or SEND message starting at psn: the path
- * MTU, or wide packets (READ responses keep the path MTU: the responder
- * cuts them). A message keeps its size when it is sent again from its
+ * The packet size of a message starting at psn: the path MTU, or wide
+ * packets (a READ says the size in its requests, rc_read_code, and the
+ * responder cuts its responses so; atomics are one packet). A message keeps its size when it is sent again from its
  * start with the same PSNs (the messages a go-back drops from the pipe
  * start again, rc_pipe_collapse): cut otherwise, the responder, which
  * places a message's packets at the offsets of the ones before, would
@@ -213,7 +213,7 @@ uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op,
 {
 	uint32_t m = rc_mtu_of(qp), w = wide_of(qp, u, m);
 
-	if (!w || op == IBV_WR_RDMA_READ || rc_is_atomic_op(op) ||
+	if (!w || rc_is_atomic_op(op) ||
 	    (!u->wide_all && psn_cmp(psn, u->wide_psn) < 0))
 		return m;
 	return w;
@@ -229,6 +229,20 @@ void rc_wide_learn(struct ursa_rc *u, uint8_t code)
 	u->peer_wide = roce_wide_bytes(code);
 	u->wide_psn = psn_cmp(u->next_psn, u->psn_hi) > 0 ? u->next_psn :
 							     u->psn_hi;
+}
+
+/* The size code a READ request of a message cut at mtu carries. */
+uint8_t rc_read_code(struct ursa_qp *qp, uint32_t mtu)
+{
+	return mtu > rc_mtu_of(qp) ? roce_wide_code(mtu) : 0;
+}
+
+/* The packet size of the responses to a READ request: its code's, or the
+ * path MTU. The code is the requester's: it chose it below what our
+ * answers said we take, and it places the responses by it. */
+uint32_t rc_read_mtu(struct ursa_qp *qp, const struct roce_pkt *p)
+{
+	return p->wide ? roce_wide_bytes(p->wide) : rc_mtu_of(qp);
 }
 
 /* What the answers of a responder say it takes (0: its path MTU). */

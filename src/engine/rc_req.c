@@ -246,6 +246,7 @@ static void send_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 	p.va = r->remote_addr + off;
 	p.rkey = r->rkey;
 	p.sr = sr_asked(qp);	/* (its responses say if the peer repeats) */
+	p.wide = rc_read_code(qp, u->m.mtu);
 	/* A re-request stays inside its piece: a duplicate READ must be a
 	 * subset of the original (IBTA 9.7.5.1.3); ursa's responder also
 	 * answers one that spans pieces asked ahead. */
@@ -264,7 +265,7 @@ static void send_read_req(struct ursa_qp *qp, struct ursa_rc *u,
  * which the responder executes again from its PSN.
  */
 void rc_read_again(struct ursa_qp *qp, struct ursa_rc *u, uint32_t psn,
-		   uint64_t va, uint32_t rkey, uint32_t len)
+		   uint32_t mtu, uint64_t va, uint32_t rkey, uint32_t len)
 {
 	uint8_t buf[64];
 	struct roce_pkt p = { .opcode = ROCE_RC | OP_READ_REQ,
@@ -277,6 +278,7 @@ void rc_read_again(struct ursa_qp *qp, struct ursa_rc *u, uint32_t psn,
 	p.va = va;
 	p.rkey = rkey;
 	p.dmalen = len;
+	p.wide = rc_read_code(qp, mtu);
 	n = roce_build(buf, sizeof(buf), &p, NULL, 0);
 	if (n > 0) {
 		rc_tx(u, &u->src, &u->dst, buf, (size_t)n, u->hop, false);

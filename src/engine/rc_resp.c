@@ -24,7 +24,7 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 			const struct roce_pkt *p, struct ursa_req *r,
 			const addr_t *me, const addr_t *peer)
 {
-	uint32_t mtu = rc_mtu_of(qp);
+	uint32_t mtu = rc_read_mtu(qp, p);
 	uint32_t n = (uint32_t)MAX(1, ((uint64_t)p->dmalen + mtu - 1) / mtu);
 
 	for (uint32_t k = 0; k < n; k++) {
@@ -70,6 +70,7 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 		/* a requester that repeats selectively may ask for the
 		 * responses it lost alone (rc_sr.c) */
 		o.sr = p->sr && ursa_cfg()->sr;
+		o.wide = rc_wide_code(u);	/* (what we take: rc_qp.c) */
 		o.syndrome = AETH_ACK | AETH_CREDIT_INVALID;
 		o.msn = u->msn;
 		b = roce_build(buf, URSA_UDP_MAX_PKT, &o, data, len);
@@ -100,7 +101,7 @@ static bool read_remembered(const struct ursa_rc *u, const struct roce_pkt *p,
 		uint32_t k = (p->psn - u->rres[i].psn) & 0xffffff;
 
 		if (u->rres[i].valid && k < u->rres[i].npkts &&
-		    p->rkey == u->rres[i].rkey &&
+		    p->rkey == u->rres[i].rkey && mtu == u->rres[i].mtu &&
 		    p->va == u->rres[i].va + (uint64_t)k * mtu) {
 			if (inside)
 				*inside = ((end - u->rres[i].psn) & 0xffffff) <=
@@ -128,7 +129,7 @@ static bool rc_duplicate(struct ursa_qp *qp, struct ursa_rc *u,
 		return false;
 	}
 	if (f & P_READ) {
-		if (read_remembered(u, p, rc_mtu_of(qp), 0, NULL))
+		if (read_remembered(u, p, rc_read_mtu(qp, p), 0, NULL))
 			return true;	/* re-executed */
 		atomic_fetch_add(&ursa_udp_cnt.drop_stale, 1);
 		return false;
@@ -192,7 +193,7 @@ static void exec_read(struct ursa_qp *qp, struct ursa_rc *u,
 		      const struct roce_pkt *p, struct ursa_req *r,
 		      const addr_t *me, const addr_t *peer)
 {
-	uint32_t mtu = rc_mtu_of(qp);
+	uint32_t mtu = rc_read_mtu(qp, p);
 	uint32_t end = psn_add(p->psn, (uint32_t)MAX(1, ((uint64_t)p->dmalen +
 							 mtu - 1) / mtu));
 	bool inside = false;
@@ -206,6 +207,7 @@ static void exec_read(struct ursa_qp *qp, struct ursa_rc *u,
 		u->rres[k].npkts = (end - p->psn) & 0xffffff;
 		u->rres[k].rkey = p->rkey;
 		u->rres[k].va = p->va;
+		u->rres[k].mtu = mtu;
 		u->rres[k].valid = true;
 	}
 	if (psn_cmp(p->psn, u->epsn) >= 0)

@@ -100,8 +100,9 @@ const char *roce_opcode_name(uint8_t opcode);
  * SENDs in packets of up to that size (at most what its own link carries)
  * where the IBTA path MTU would cut them at 1024 bytes: a 1500-byte link
  * carries 1408, and the per-packet costs of the path, most of a RoCEv2
- * stream's CPU, fall by a quarter. Never sent by, nor to, a peer that did
- * not set the SR bit (rxe, NICs).
+ * stream's CPU, fall by a quarter. A READ request's code is the size the
+ * requester wants its responses cut at. Never sent by, nor to, a peer that
+ * did not set the SR bit (rxe, NICs).
  */
 #define ROCE_BTH4_WIDE_SHIFT 1
 #define ROCE_WIDE_BASE 1024u

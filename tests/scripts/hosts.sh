@@ -269,10 +269,10 @@ sr_check() { # LOSS WANT
 	fi
 }
 # Wide packets between ursa peers (proto/roce.h ROCE_BTH4_WIDE_SHIFT): on
-# these 1500-byte links 1 MiB WRITEs move in packets of 1408 payload bytes
-# where the path MTU (1024) would cut them; not to a responder that does
-# not set the SR bit (URSA_SR=0, as rxe or a NIC), nor with URSA_WIDE=0,
-# and READ responses keep the path MTU. The requester's URSA_STATS line
+# these 1500-byte links 1 MiB WRITEs and READs move in packets of 1408
+# payload bytes where the path MTU (1024) would cut them; not with a
+# responder that does not set the SR bit (URSA_SR=0, as rxe or a NIC),
+# nor with URSA_WIDE=0. The requester's URSA_STATS line
 # gives the RoCEv2 bytes and packets it sent (WRITE) or received (READ):
 # less the BTH and ICRC of each, the payload per packet.
 wide_check() { # WHAT OP SERVER_ENV WIDE(1|0)
@@ -296,7 +296,8 @@ if command -v ethtool >/dev/null && offloads off; then
 		wide_check "1 MiB WRITEs between ursa peers in wide packets" write "" 1
 		wide_check "  to a responder without the SR bit: the path MTU" write URSA_SR=0 0
 		wide_check "  with URSA_WIDE=0 on the responder: the path MTU" write URSA_WIDE=0 0
-		wide_check "  READ responses: the path MTU" read "" 0
+		wide_check "1 MiB READs between ursa peers in wide packets" read "" 1
+		wide_check "  from a responder without the SR bit: the path MTU" read URSA_SR=0 0
 	else
 		skp "wide packets" "perftest not installed"
 	fi
