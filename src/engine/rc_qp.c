@@ -198,15 +198,16 @@ static uint32_t wide_of(struct ursa_qp *qp, const struct ursa_rc *u,
 /*
  * The packet size of a message starting at psn: the path MTU, or wide
  * packets (a READ says the size in its requests, rc_read_code, and the
- * responder cuts its responses so; atomics are one packet). A message keeps its size when it is sent again from its
- * start with the same PSNs (the messages a go-back drops from the pipe
- * start again, rc_pipe_collapse): cut otherwise, the responder, which
- * places a message's packets at the offsets of the ones before, would
- * put the bytes of the second cut where the first cut's belong. So the
- * size depends on the PSN alone: messages from the PSN the first answer
- * found next (rc_wide_learn) are wide, those before it are not, until a
- * message starts with nothing older left to send again (wide_all, set in
- * rc_req.c msg_start).
+ * responder cuts its responses so; atomics are one packet). A message
+ * keeps its size when it is sent again from its start with the same PSNs
+ * (the messages a go-back drops from the pipe start again,
+ * rc_pipe_collapse): cut otherwise, the responder, which places a
+ * message's packets at the offsets of the ones before, would put the
+ * bytes of the second cut where the first cut's belong, and a READ asked
+ * again would match no READ it remembers. So the size depends on the PSN
+ * alone: messages from past every PSN used when the size was learned
+ * (rc_wide_learn) are wide, those before are not, until a message starts
+ * with nothing older left to send again (wide_all, rc_req.c msg_start).
  */
 uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op,
 		    uint32_t psn)
