@@ -26,6 +26,10 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 {
 	uint32_t mtu = rc_read_mtu(qp, p);
 	uint32_t n = (uint32_t)MAX(1, ((uint64_t)p->dmalen + mtu - 1) / mtu);
+	/* a requester that repeats selectively may ask for the responses it
+	 * lost alone (rc_sr.c); it learns what we take (rc_qp.c) */
+	bool sr = p->sr && ursa_cfg()->sr;
+	uint8_t wide = rc_wide_code(u);
 
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t len = (uint32_t)MIN((uint64_t)mtu, p->dmalen - (uint64_t)k * mtu);
@@ -67,10 +71,8 @@ static void on_read_req(struct ursa_qp *qp, struct ursa_rc *u,
 		o.pkey = ROCE_DEFAULT_PKEY;
 		o.dqpn = qp->attr.dest_qp_num;
 		o.psn = psn_add(p->psn, k);
-		/* a requester that repeats selectively may ask for the
-		 * responses it lost alone (rc_sr.c) */
-		o.sr = p->sr && ursa_cfg()->sr;
-		o.wide = rc_wide_code(u);	/* (what we take: rc_qp.c) */
+		o.sr = sr;
+		o.wide = wide;
 		o.syndrome = AETH_ACK | AETH_CREDIT_INVALID;
 		o.msn = u->msn;
 		b = roce_build(buf, URSA_UDP_MAX_PKT, &o, data, len);
