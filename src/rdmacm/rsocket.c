@@ -85,10 +85,10 @@ struct rs_conn {
 
 struct rs_iomap_msg {
 	uint64_t offset, addr, len;
-	uint32_t rkey, pad;
+	uint32_t rkey, slot;		/* slot < the sender's RDMA_IOMAPSIZE */
 };
 
-struct rs_map {
+struct rs_map {				/* a slot; len 0: empty */
 	uint64_t offset, addr, len;
 	uint32_t rkey;
 	struct ibv_mr *mr;		/* local maps */
@@ -137,16 +137,17 @@ struct rs {
 	uint32_t ssize, rkey;
 	uint64_t raddr, whead, wdone, peer_used;
 	int sq_used;
-	uint32_t peer_iomaps;		/* riomap()s the peer may make */
+	uint32_t peer_iomaps;		/* riomap() slots the peer has */
 
 	/* riowrite staging ring */
 	uint8_t *iobuf;
 	struct ibv_mr *iomr;
 	uint64_t iohead, iodone;
 
+	/* riomap() slots, this side's (lslots of them, as the handshake
+	 * told the peer) and the peer's (by its IOMAP's slot) */
 	struct rs_map lmap[RS_IOMAP_MAX], rmap[RS_IOMAP_MAX];
-	int nlmap, nrmap;
-	unsigned lmaps_sent;
+	int lslots;
 };
 
 /* --- the descriptor table ------------------------------------------------- */
@@ -296,9 +297,10 @@ static void rs_free_qp(struct rs *rs)
 	if (rs->qp)
 		rdma_destroy_qp(rs->id);
 	rs->qp = NULL;
-	for (int i = 0; i < rs->nlmap; i++)
+	for (int i = 0; i < RS_IOMAP_MAX; i++) {
 		dereg(&rs->lmap[i].mr, NULL);
-	rs->nlmap = 0;
+		rs->lmap[i].len = 0;
+	}
 	dereg(&rs->rmr, &rs->rbuf);
 	dereg(&rs->smr, &rs->sbuf);
 	dereg(&rs->cmr, &rs->ctrl);
@@ -395,13 +397,14 @@ static int rs_setup(struct rs *rs)
 	return ibv_req_notify_cq(rs->cq, 0) ? -EIO : 0;
 }
 
-static void conn_put(const struct rs *rs, struct rs_conn *c)
+static void conn_put(struct rs *rs, struct rs_conn *c)
 {
+	rs->lslots = rs->iomap_size;	/* later RDMA_IOMAPSIZEs come too late */
 	c->magic = htobe32(RS_MAGIC);
 	c->size = htobe32(rs->rsize);
 	c->addr = htobe64((uintptr_t)rs->rbuf);
 	c->rkey = htobe32(rs->rmr->rkey);
-	c->iomaps = htobe32((uint32_t)rs->iomap_size);
+	c->iomaps = htobe32((uint32_t)rs->lslots);
 }
 
 /* the peer's block, checked: it sizes our send ring */
@@ -510,11 +513,14 @@ static void on_recv(struct rs *rs, const struct ibv_wc *wc)
 		rs->fin_rcvd = true;
 		break;
 	case OP_IOMAP:
-		if (wc->byte_len != sizeof(m) || rs->nrmap >= (int)rs->peer_iomaps ||
-		    rs->nrmap >= RS_IOMAP_MAX)
+		if (wc->byte_len != sizeof(m))
 			return rs_fail(rs, EPROTO);
 		memcpy(&m, rs->ctrl + wc->wr_id * RS_CTRL, sizeof(m));
-		rs->rmap[rs->nrmap++] = (struct rs_map){
+		/* a slot the peer unmapped is mapped again in place */
+		v = be32toh(m.slot);
+		if (v >= rs->peer_iomaps || !m.len)
+			return rs_fail(rs, EPROTO);
+		rs->rmap[v] = (struct rs_map){
 			.offset = be64toh(m.offset), .addr = be64toh(m.addr),
 			.len = be64toh(m.len), .rkey = be32toh(m.rkey),
 		};
@@ -653,14 +659,16 @@ static int progress(struct rs *rs)
 	struct ibv_wc wc[16];
 	int n = 0, got;
 
-	/* while connecting, the CM first: the peer's first messages (its
-	 * riomap) may have completed before we read the ESTABLISHED that
-	 * tells us its ring and limits */
+	/* while connecting, the CM first, and no completion before the
+	 * ESTABLISHED that tells us the peer's ring and limits: the QP
+	 * takes the peer's first messages (its riomap) from RTR on, which
+	 * the CM reaches before it queues that event */
 	while (rs->state == RS_CONNECTING && !rdma_get_cm_event(rs->ch, &e)) {
 		on_cm(rs, e);
 		n++;
 	}
-	while (rs->cq && (got = ibv_poll_cq(rs->cq, 16, wc)) > 0) {
+	while (rs->cq && rs->state != RS_CONNECTING &&
+	       (got = ibv_poll_cq(rs->cq, 16, wc)) > 0) {
 		for (int i = 0; i < got; i++)
 			on_wc(rs, &wc[i]);
 		n += got;
@@ -1479,9 +1487,10 @@ CMA_EXPORT int rsetsockopt(int s, int lv, int o, const void *v, socklen_t l)
 		return rs_unlock_ret(rs, -1, EINVAL);
 	memcpy(&val, v, sizeof(val));
 	if ((ip = opt_int(rs, lv, o))) {
-		*ip = val;
 		if (ip == &rs->iomap_size && (val < 0 || val > RS_IOMAP_MAX))
 			r = -EINVAL;
+		else
+			*ip = val;
 	} else if ((up = opt_u32(rs, lv, o))) {
 		if (val < 0)
 			r = -EINVAL;
@@ -1579,6 +1588,7 @@ CMA_EXPORT off_t riomap(int s, void *b, size_t n, int p, int f, off_t o)
 	struct rs *rs = rs_lock(s);
 	struct rs_iomap_msg m;
 	struct rs_map *lm;
+	int slot = 0;
 
 	if (!rs)
 		return -1;
@@ -1586,13 +1596,15 @@ CMA_EXPORT off_t riomap(int s, void *b, size_t n, int p, int f, off_t o)
 		return rs_unlock_ret(rs, -1, EINVAL);
 	if (rs->state != RS_CONNECTED)
 		return rs_unlock_ret(rs, -1, ENOTCONN);
-	if (rs->lmaps_sent >= (unsigned)rs->iomap_size || rs->nlmap >= RS_IOMAP_MAX)
-		return rs_unlock_ret(rs, -1, ENOMEM);
 	while (rs->sq_used >= RS_SQ && rs->state == RS_CONNECTED)
 		rs_wait(rs, 50);
 	if (rs->state != RS_CONNECTED)
 		return rs_unlock_ret(rs, -1, send_err(rs));
-	lm = &rs->lmap[rs->nlmap];
+	while (slot < rs->lslots && rs->lmap[slot].len)
+		slot++;
+	if (slot == rs->lslots)
+		return rs_unlock_ret(rs, -1, ENOMEM);
+	lm = &rs->lmap[slot];
 	lm->mr = ibv_reg_mr(rs->pd, b, n,
 			    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	if (!lm->mr)
@@ -1603,13 +1615,12 @@ CMA_EXPORT off_t riomap(int s, void *b, size_t n, int p, int f, off_t o)
 	m = (struct rs_iomap_msg){
 		.offset = htobe64(lm->offset), .addr = htobe64(lm->addr),
 		.len = htobe64(n), .rkey = htobe32(lm->mr->rkey),
+		.slot = htobe32((uint32_t)slot),
 	};
 	if (post_ctrl(rs, IMM(OP_IOMAP, 0), &m, sizeof(m))) {
 		dereg(&lm->mr, NULL);
 		return rs_unlock_ret(rs, -1, ECONNRESET);
 	}
-	rs->nlmap++;
-	rs->lmaps_sent++;
 	pthread_mutex_unlock(&rs->lock);
 	return (off_t)lm->offset;
 }
@@ -1622,11 +1633,12 @@ CMA_EXPORT int riounmap(int s, void *b, size_t n)
 
 	if (!rs)
 		return -1;
-	for (int i = 0; i < rs->nlmap; i++) {
-		if (rs->lmap[i].addr != (uintptr_t)b || rs->lmap[i].len != n)
+	for (int i = 0; i < RS_IOMAP_MAX; i++) {
+		if (!rs->lmap[i].len || rs->lmap[i].addr != (uintptr_t)b ||
+		    rs->lmap[i].len != n)
 			continue;
 		dereg(&rs->lmap[i].mr, NULL);
-		rs->lmap[i] = rs->lmap[--rs->nlmap];
+		rs->lmap[i].len = 0;
 		return rs_unlock_ret(rs, 0, 0);
 	}
 	return rs_unlock_ret(rs, -1, EINVAL);
@@ -1635,10 +1647,11 @@ CMA_EXPORT int riounmap(int s, void *b, size_t n)
 static const struct rs_map *rmap_find(const struct rs *rs, uint64_t o,
 				      size_t n)
 {
-	for (int i = 0; i < rs->nrmap; i++) {
+	for (int i = 0; i < RS_IOMAP_MAX; i++) {
 		const struct rs_map *m = &rs->rmap[i];
 
-		if (o >= m->offset && n <= m->len && o - m->offset <= m->len - n)
+		if (m->len && o >= m->offset && n <= m->len &&
+		    o - m->offset <= m->len - n)
 			return m;
 	}
 	return NULL;

@@ -332,21 +332,33 @@ static int test_misuse_errno(void)
 #define IOLEN (300u << 10)
 
 /* maps a buffer, lets the client write into it, checks it after the
- * client's one-byte rsend (ordered after its riowrites) */
+ * client's one-byte rsend (ordered after its riowrites); its one slot
+ * is full until riounmap, and then takes another buffer, which the
+ * client writes too */
 static int mapped_target(int s)
 {
-	uint8_t *b = calloc(1, IOLEN);
+	uint8_t *b = calloc(1, IOLEN), b2[4096] = { 0 };
 	char c;
 
 	if (!b || riomap(s, b, IOLEN, PROT_WRITE, 0, 4096) != 4096)
 		return 3;
+	if (riomap(s, b2, sizeof(b2), PROT_WRITE, 0, 0) != -1 || errno != ENOMEM)
+		return 8;
 	if (rsend(s, "m", 1, 0) != 1 || rrecv(s, &c, 1, 0) != 1)
 		return 4;
 	for (size_t i = 0; i < IOLEN; i++)
 		if (b[i] != pat(i))
 			return 5;
-	if (riounmap(s, b, IOLEN) || rsend(s, "k", 1, 0) != 1)
+	if (riounmap(s, b, IOLEN) || riounmap(s, b, IOLEN) != -1 ||
+	    riomap(s, b2, sizeof(b2), PROT_WRITE, 0, 0) != 0 ||
+	    rsend(s, "k", 1, 0) != 1)
 		return 6;
+	if (rrecv(s, &c, 1, 0) != 1)
+		return 9;
+	for (size_t i = 0; i < sizeof(b2); i++)
+		if (b2[i] != pat(i))
+			return 10;
+	free(b);
 	return rrecv(s, &c, 1, 0) == 0 ? 0 : 7;
 }
 
@@ -397,6 +409,12 @@ static int test_riomap_riowrite(void)
 	EXPECT_EQ(rsend(s, "d", 1, 0), 1);
 	EXPECT_EQ(rrecv(s, &c, 1, 0), 1);
 	EXPECT_EQ(c, 'k');
+	/* the server's slot now holds a 4 KiB map at offset 0: the old
+	 * range is gone, the new one takes writes */
+	EXPECT_EQ(riowrite(s, b, 16, 4096 + 100, 0), (size_t)-1);
+	EXPECT_EQ(errno, EINVAL);
+	EXPECT_EQ(riowrite(s, b, 4096, 0, 0), 4096);
+	EXPECT_EQ(rsend(s, "e", 1, 0), 1);
 	rclose(s);
 	EXPECT_EQ(reap(pid), 0);
 	free(b);
