@@ -195,6 +195,10 @@ struct ursa_udp_stats {
 	 * the window (the round trip showed a queue) and those taken as
 	 * the path's own, which kept it (docs/design.md "Congestion") */
 	uint64_t loss_cuts, loss_kept;
+	/* runs of packets longer than the path MTU the kernel learned
+	 * (ICMP "fragmentation needed"), sent packet by packet for the
+	 * kernel to fragment (docs/design.md "Path MTU") */
+	uint64_t tx_pmtu;
 };
 
 int ursa_udp_stats(struct ursa_udp_stats *st);

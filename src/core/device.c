@@ -38,9 +38,8 @@
 /* Headers RoCEv2 puts around a payload: IPv4 20, UDP 8, BTH 12, ICRC 4, and
  * room for the largest extension header (RETH 16 / AtomicETH 28). */
 #define ROCE_OVERHEAD (20 + 8 + 12 + 28 + 4)
-/* A WRITE or SEND request's longest headers (BTH, RETH and ImmDt: WRITE
- * Only with Immediate; ICRC) over UDP and IPv6 */
-#define WIDE_OVERHEAD (40 + 8 + 12 + 16 + 4 + 4)
+/* ROCE_WIDE_HDRS over UDP and IPv6 */
+#define WIDE_OVERHEAD (40 + 8 + ROCE_WIDE_HDRS)
 
 static struct ursa_device the_dev;
 static pthread_once_t dev_once = PTHREAD_ONCE_INIT;

@@ -70,6 +70,12 @@ struct ursa_rc {
 	uint32_t wide_psn;	/* requester: messages from this PSN on are
 				 * wide (rc_msg_mtu) */
 	bool wide_all;		/* requester: every message from now on */
+	/* requester: the path found narrower than the wide packets (once a
+	 * connection): messages from path_psn on (path_all: every one) are
+	 * cut at path_wide, or the path MTU (rc_msg_mtu) */
+	uint32_t path_wide, path_psn;
+	bool path_all;
+	unsigned pmtu_gen;	/* ursa_udp_pmtu_gen when last looked */
 	bool req_sr;		/* responder: the requester set ROCE_BTH4_SR */
 	uint64_t cnp_at;	/* responder: when it last sent a CNP */
 	uint64_t cut_at;	/* requester: when a CNP last cut the window */
@@ -188,6 +194,7 @@ uint32_t rc_mtu_of(struct ursa_qp *qp);
 uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op,
 		    uint32_t psn);
 void rc_wide_learn(struct ursa_rc *u, uint8_t code);
+void rc_path_learn(struct ursa_qp *qp, struct ursa_rc *u, const addr_t *dst);
 uint8_t rc_wide_code(const struct ursa_rc *u);
 uint8_t rc_read_code(struct ursa_qp *qp, uint32_t mtu);
 uint32_t rc_read_mtu(struct ursa_qp *qp, const struct roce_pkt *p);

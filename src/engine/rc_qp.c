@@ -139,8 +139,8 @@ void ursa_rc_qp_modified(struct ursa_qp *qp, int mask)
 		u->pipe_cool = NULL;
 		rc_sr_forget(u);
 		u->sr.on = false;
-		u->peer_wide = 0;
-		u->wide_all = false;
+		u->peer_wide = u->path_wide = 0;
+		u->wide_all = u->path_all = false;
 		u->req_sr = false;
 		ursa_rstate_drop(&u->rs);
 		if (!rc_can_receive(qp->attr.qp_state)) {
@@ -217,7 +217,37 @@ uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op,
 	if (!w || rc_is_atomic_op(op) ||
 	    (!u->wide_all && psn_cmp(psn, u->wide_psn) < 0))
 		return m;
+	if (u->path_wide && (u->path_all || psn_cmp(psn, u->path_psn) >= 0))
+		return MAX(m, MIN(w, u->path_wide));
 	return w;
+}
+
+/*
+ * A path narrower than our wide packets (the kernel learned its MTU from
+ * an ICMP "fragmentation needed" and refused a GSO run, transport/udp.c):
+ * those packets still arrive, fragmented, but new messages are cut to
+ * fit, from past every PSN used so far (the rule of rc_msg_mtu), at a
+ * wide size that fits or the path MTU. Looked at when the transport says
+ * some path was found narrow; once a connection.
+ */
+void rc_path_learn(struct ursa_qp *qp, struct ursa_rc *u, const addr_t *dst)
+{
+	unsigned gen = ursa_udp_pmtu_gen();
+	size_t seg;
+	uint32_t w, fit;
+
+	if (gen == u->pmtu_gen || u->path_wide)
+		return;
+	u->pmtu_gen = gen;
+	w = wide_of(qp, u, rc_mtu_of(qp));
+	seg = ursa_udp_path_seg(dst);
+	if (!w || !seg || seg >= w + ROCE_WIDE_HDRS)
+		return;
+	fit = seg > ROCE_WIDE_HDRS + 1024 ?
+	      roce_wide_bytes(roce_wide_code((uint32_t)seg - ROCE_WIDE_HDRS)) : 0;
+	u->path_wide = fit ? fit : rc_mtu_of(qp);
+	u->path_psn = psn_cmp(u->next_psn, u->psn_hi) > 0 ? u->next_psn :
+							    u->psn_hi;
 }
 
 /* An answer from an ursa responder says what it takes: once per

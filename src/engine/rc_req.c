@@ -543,11 +543,16 @@ static void msg_start(struct ursa_qp *qp, struct ursa_rc *u,
 	u->m.active = true;
 	u->m.wqe = w;
 	u->m.op = r->opcode;
+	if (u->peer_wide)
+		rc_path_learn(qp, u, dst);
 	u->m.mtu = rc_msg_mtu(qp, u, r->opcode, u->next_psn);
 	/* nothing older can start again (rc_msg_mtu) */
 	if (u->peer_wide && !u->pipe_n &&
 	    psn_cmp(u->next_psn, u->wide_psn) >= 0)
 		u->wide_all = true;
+	if (u->path_wide && !u->pipe_n &&
+	    psn_cmp(u->next_psn, u->path_psn) >= 0)
+		u->path_all = true;
 	u->m.len = r->msg_len;
 	u->m.is_read = r->opcode == IBV_WR_RDMA_READ;
 	u->m.npkts = atomic ? 1 :

@@ -108,6 +108,9 @@ const char *roce_opcode_name(uint8_t opcode);
 #define ROCE_WIDE_BASE 1024u
 #define ROCE_WIDE_STEP 64u
 #define ROCE_WIDE_MAX (ROCE_WIDE_BASE + 31 * ROCE_WIDE_STEP)
+/* A WRITE or SEND request's longest headers (BTH, RETH and ImmDt: WRITE
+ * Only with Immediate) and ICRC: a wide packet's UDP payload past its own */
+#define ROCE_WIDE_HDRS (12 + 16 + 4 + 4)
 static inline uint32_t roce_wide_bytes(uint8_t code)
 {
 	return code ? ROCE_WIDE_BASE + (code & 31u) * ROCE_WIDE_STEP : 0;

@@ -737,7 +737,7 @@ static void rx_bury(struct ursa_udp_ep *u)
 int ursa_udp_ep_open(struct ursa_udp_ep *ep, uint32_t qpn)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET };
-	int one = 1, pmtu = IP_PMTUDISC_DO;
+	int one = 1, pmtu = IP_PMTUDISC_WANT;
 
 	ep->rxfd = -1;
 	/* rxe's choice of source port: 0xC000 + a hash of the QPN */
@@ -747,7 +747,13 @@ int ursa_udp_ep_open(struct ursa_udp_ep *ep, uint32_t qpn)
 		setsockopt(ep->txfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 		setsockopt(ep->txfd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
 		/* DF set and unconnected: Linux sends IP ID 0, which the
-		 * ICRC covers */
+		 * ICRC covers. WANT, not DO: a packet longer than the path
+		 * MTU learned from an ICMP "fragmentation needed" is
+		 * fragmented (with an ID the kernel picks, which ursa's
+		 * receivers solve for), not refused with EMSGSIZE, which
+		 * had left the QP resending it until it failed: a router
+		 * whose next link is narrower than both hosts' links, and
+		 * ursa's wide packets (docs/design.md "Path MTU") */
 		setsockopt(ep->txfd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu));
 		sa.sin_port = htons(ep->sport);
 		if (bind(ep->txfd, (struct sockaddr *)&sa, sizeof(sa))) {
@@ -1086,6 +1092,14 @@ struct txbatch {
 	struct txrun run[URSA_UDP_TXB];
 	struct iovec riov[URSA_UDP_TXB]; /* (udp_flush's, off its stack) */
 	struct mmsghdr mm[URSA_UDP_TXB];	/* (the same) */
+	int mrun[URSA_UDP_TXB];		/* (the same: each message's run) */
+	struct pmtu_memo {		/* narrow paths (ursa_udp_flush) */
+		struct sockaddr_storage to;
+		socklen_t tolen;
+		size_t seg;		/* the longest packet the path takes */
+		uint64_t until;
+	} pmtu[URSA_PMTU_MEMOS];
+	unsigned pmtu_next;
 	uint8_t buf[URSA_UDP_TXB * URSA_UDP_MAX_PKT];
 };
 static __thread struct txbatch *txb;
@@ -1222,10 +1236,137 @@ static void batch_clear(struct txbatch *b)
 	b->used = 0;
 }
 
+/* Segment k of an IPv4 GSO run leaves with ID k: its ICRC is fixed up by
+ * the ID's delta. The fix-up is an XOR: done twice, undone. */
+static void run_ids(struct txbatch *b, const struct txrun *r)
+{
+	uint32_t dk[URSA_GSO_SEGS];
+
+	if (r->to.ss_family != AF_INET)
+		return;
+	id_deltas(id_basis(r->seg - 4), r->n, dk);
+	for (int k = 1; k < r->n; k++) {
+		uint8_t *p = b->pkt[r->first + k].iov_base;
+		size_t l = b->pkt[r->first + k].iov_len;
+
+		roce_icrc_put(p + l - 4, roce_icrc_get(p + l - 4) ^
+			      (l == r->seg ? dk[k] : id_delta(l - 4, (unsigned)k)));
+	}
+}
+
+/*
+ * Path MTU. A GSO send whose segments are longer than the path MTU the
+ * kernel has learned for its destination (an ICMP "fragmentation
+ * needed") is refused whole (EINVAL), where a single packet that long is
+ * fragmented (IP_PMTUDISC_WANT, ursa_udp_ep_open). The refused run goes
+ * again packet by packet, each with ID 0 again (its fix-up undone) unless
+ * the kernel fragments it, and the path's MTU is remembered for a while
+ * (URSA_PMTU_HOLD_NS), so that runs longer than it go packet by packet
+ * at once. The MTU is asked of a socket connected to the destination,
+ * which also tells a narrow path from a kernel that takes no GSO at all.
+ */
+static atomic_uint pmtu_gen;	/* (a count: orders nothing) */
+
+/* The longest RoCEv2 packet (UDP payload) the kernel lets leave for to
+ * unfragmented; 0 if it cannot tell. */
+static size_t path_seg(const struct sockaddr_storage *to, socklen_t tolen)
+{
+	bool v4 = to->ss_family == AF_INET;
+	int fd = socket(to->ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0), mtu = 0;
+	socklen_t l = sizeof(mtu);
+	size_t hdr = v4 ? 20 + 8 : 40 + 8;
+
+	if (fd < 0)
+		return 0;
+	if (connect(fd, (const struct sockaddr *)to, tolen) ||
+	    getsockopt(fd, v4 ? IPPROTO_IP : IPPROTO_IPV6, v4 ? IP_MTU : IPV6_MTU,
+		       &mtu, &l) || (size_t)mtu <= hdr)
+		mtu = 0;
+	close(fd);
+	return mtu ? (size_t)mtu - hdr : 0;
+}
+
+/* Must run r go packet by packet: a path remembered narrower? */
+static bool run_narrow(struct txbatch *b, const struct txrun *r, uint64_t *now)
+{
+	for (unsigned i = 0; i < URSA_PMTU_MEMOS; i++) {
+		struct pmtu_memo *p = &b->pmtu[i];
+
+		if (!p->tolen || p->tolen != r->tolen ||
+		    memcmp(&p->to, &r->to, r->tolen))
+			continue;
+		if (!*now)
+			*now = ursa_now_ns();
+		if (*now >= p->until) {
+			p->tolen = 0;	/* (try GSO again) */
+			return false;
+		}
+		return r->seg > p->seg;
+	}
+	return false;
+}
+
+/* A GSO run was refused: true if for the path's MTU, remembered. */
+static bool run_over_pmtu(struct txbatch *b, const struct txrun *r)
+{
+	size_t seg = path_seg(&r->to, r->tolen);
+	struct pmtu_memo *p;
+
+	if (!seg || r->seg <= seg)
+		return false;
+	p = &b->pmtu[b->pmtu_next++ % URSA_PMTU_MEMOS];
+	memcpy(&p->to, &r->to, r->tolen);
+	p->tolen = r->tolen;
+	p->seg = seg;
+	p->until = ursa_now_ns() + URSA_PMTU_HOLD_NS;
+	atomic_fetch_add_explicit(&pmtu_gen, 1, memory_order_relaxed);
+	return true;
+}
+
+unsigned ursa_udp_pmtu_gen(void)
+{
+	return atomic_load_explicit(&pmtu_gen, memory_order_relaxed);
+}
+
+size_t ursa_udp_path_seg(const addr_t *dst)
+{
+	struct sockaddr_storage to;
+	socklen_t tolen = to_sockaddr(dst, U.port, &to);
+
+	return path_seg(&to, tolen);
+}
+
+/* r, whose ID fix-ups were made, packet by packet */
+static void run_singly(struct txbatch *b, const struct txrun *r)
+{
+	run_ids(b, r);
+	for (int k = 0; k < r->n; k++)
+		if (sendto(b->fd, b->pkt[r->first + k].iov_base,
+			   b->pkt[r->first + k].iov_len, 0,
+			   (const struct sockaddr *)&r->to, r->tolen) < 0)
+			ursa_dbg("udp send: %s", strerror(errno));
+	atomic_fetch_add(&ursa_udp_cnt.tx_pmtu, 1);
+}
+
+/* Message m of the batch: one piece of buf, to r's destination. */
+static void msg_put(struct txbatch *b, int m, const struct txrun *r,
+		    void *buf, size_t len)
+{
+	struct msghdr *h = &b->mm[m].msg_hdr;
+
+	memset(&b->mm[m], 0, sizeof(b->mm[m]));
+	h->msg_name = (void *)&r->to;
+	h->msg_namelen = r->tolen;
+	b->riov[m] = (struct iovec){ buf, len };
+	h->msg_iov = &b->riov[m];
+	h->msg_iovlen = 1;
+}
+
 void ursa_udp_flush(void)
 {
 	struct txbatch *b = txb;
 	struct mmsghdr *mm;
+	uint64_t now = 0;
 	int m = 0, done = 0;
 
 	if (txc_pkts) {
@@ -1236,67 +1377,68 @@ void ursa_udp_flush(void)
 	if (!b)
 		return;
 	mm = b->mm;
-	for (; m < b->nruns; m++) {
-		struct txrun *r = &b->run[m];
-		struct msghdr *h = &mm[m].msg_hdr;
+	for (int i = 0; i < b->nruns; i++) {
+		struct txrun *r = &b->run[i];
+		struct msghdr *h;
+		struct cmsghdr *cm;
+		uint16_t gs = (uint16_t)r->seg;
 
-		memset(&mm[m], 0, sizeof(mm[m]));
-		h->msg_name = &r->to;
-		h->msg_namelen = r->tolen;
+		if (r->n > 1 && run_narrow(b, r, &now)) {
+			/* (as many messages as packets: mm has room) */
+			for (int k = 0; k < r->n; k++) {
+				b->mrun[m] = i;
+				msg_put(b, m++, r, b->pkt[r->first + k].iov_base,
+					b->pkt[r->first + k].iov_len);
+			}
+			atomic_fetch_add(&ursa_udp_cnt.tx_pmtu, 1);
+			continue;
+		}
 		/* A run's packets lie back to back: one piece for the
 		 * kernel to copy. Given as one piece per packet, the copy
 		 * into the socket had taken twice the time (docs/design.md
 		 * "Wire"). */
-		b->riov[m] = (struct iovec){ b->pkt[r->first].iov_base, r->bytes };
-		h->msg_iov = &b->riov[m];
-		h->msg_iovlen = 1;
-		if (r->n > 1) {
-			struct cmsghdr *cm;
-			uint16_t gs = (uint16_t)r->seg;
-
-			if (r->to.ss_family == AF_INET) {
-				const uint32_t *d = id_basis(r->seg - 4);
-				uint32_t dk[URSA_GSO_SEGS];
-
-				id_deltas(d, r->n, dk);
-				for (int k = 1; k < r->n; k++) {
-					uint8_t *p = b->pkt[r->first + k].iov_base;
-					size_t l = b->pkt[r->first + k].iov_len;
-
-					roce_icrc_put(p + l - 4, roce_icrc_get(p + l - 4) ^
-						      (l == r->seg ? dk[k] :
-								     id_delta(l - 4, (unsigned)k)));
-				}
-			}
-			atomic_fetch_add(&ursa_udp_cnt.tx_gso, 1);
-			h->msg_control = r->ctl;
-			h->msg_controllen = sizeof(r->ctl);
-			cm = CMSG_FIRSTHDR(h);
-			cm->cmsg_level = SOL_UDP;
-			cm->cmsg_type = UDP_SEGMENT;
-			cm->cmsg_len = CMSG_LEN(sizeof(gs));
-			memcpy(CMSG_DATA(cm), &gs, sizeof(gs));
-		}
+		b->mrun[m] = i;
+		msg_put(b, m, r, b->pkt[r->first].iov_base, r->bytes);
+		h = &mm[m++].msg_hdr;
+		if (r->n == 1)
+			continue;
+		run_ids(b, r);
+		atomic_fetch_add(&ursa_udp_cnt.tx_gso, 1);
+		h->msg_control = r->ctl;
+		h->msg_controllen = sizeof(r->ctl);
+		cm = CMSG_FIRSTHDR(h);
+		cm->cmsg_level = SOL_UDP;
+		cm->cmsg_type = UDP_SEGMENT;
+		cm->cmsg_len = CMSG_LEN(sizeof(gs));
+		memcpy(CMSG_DATA(cm), &gs, sizeof(gs));
 	}
 	while (done < m) {
-		int r = sendmmsg(b->fd, mm + done, (unsigned)(m - done), 0);
+		int r = sendmmsg(b->fd, mm + done, (unsigned)(m - done), 0), e;
+		bool gso = mm[done].msg_hdr.msg_controllen != 0;
 
-		if (r <= 0) {
-			ursa_dbg("udp send: %s", strerror(errno));
-			if (mm[done].msg_hdr.msg_controllen &&
-			    (errno == EIO || errno == EINVAL || errno == ENOPROTOOPT ||
-			     errno == EOPNOTSUPP)) {
-				/* no UDP GSO here: send singly from now on (the
-				 * lost run is retransmitted; receivers accept
-				 * its fixed-up ICRCs) */
-				atomic_store_explicit(&gso_state, -1,
-						      memory_order_relaxed);
-				ursa_info("RoCEv2: UDP segmentation offload refused (%s): sending packet by packet",
-					  strerror(errno));
-			}
-			break;
+		if (r > 0) {
+			done += r;
+			continue;
 		}
-		done += r;
+		e = errno;
+		if (gso && (e == EINVAL || e == EMSGSIZE) &&
+		    run_over_pmtu(b, &b->run[b->mrun[done]])) {
+			run_singly(b, &b->run[b->mrun[done]]);
+			done++;
+			continue;
+		}
+		errno = e;
+		ursa_dbg("udp send: %s", strerror(errno));
+		if (gso && (errno == EIO || errno == EINVAL ||
+			    errno == ENOPROTOOPT || errno == EOPNOTSUPP)) {
+			/* no UDP GSO here: send singly from now on (the
+			 * lost run is retransmitted; receivers accept its
+			 * fixed-up ICRCs) */
+			atomic_store_explicit(&gso_state, -1, memory_order_relaxed);
+			ursa_info("RoCEv2: UDP segmentation offload refused (%s): sending packet by packet",
+				  strerror(errno));
+		}
+		break;
 	}
 	batch_clear(b);
 }

@@ -146,6 +146,11 @@ int ursa_udp_dest_set(const struct ursa_udp_ep *ep, const union ibv_gid *src,
 void ursa_udp_send_to(const struct ursa_udp_dest *d, uint8_t *ib, size_t len);
 /* Packets this thread ever put in its batch (did a step send any?) */
 unsigned long ursa_udp_added(void);
+/* Path MTU (udp.c): a count that moves whenever a path is found narrower
+ * than the packets sent on it, and the longest RoCEv2 packet (the UDP
+ * payload) the kernel sends to dst unfragmented (0: it cannot tell). */
+unsigned ursa_udp_pmtu_gen(void);
+size_t ursa_udp_path_seg(const union ibv_gid *dst);
 /* Send this thread's batch now; _soon: unless a hold is on (tx_hold). */
 void ursa_udp_flush(void);
 void ursa_udp_flush_soon(void);
@@ -211,6 +216,7 @@ struct ursa_udp_counters {
 	atomic_uint_fast64_t ooo_held, sacks_sent, sacks_rcvd, sr_resent;
 	/* loss episodes a SACK showed: the window cut (a queue), kept */
 	atomic_uint_fast64_t loss_cuts, loss_kept;
+	atomic_uint_fast64_t tx_pmtu;	/* GSO runs over the path MTU, sent singly */
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 

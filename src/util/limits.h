@@ -81,6 +81,8 @@
 #define URSA_GSO_SEGS 64	/* segments of one GSO send */
 #define URSA_GSO_MAX_BYTES 65000
 #define URSA_UDP_DELAYQ 256	/* packets the delay fault holds back */
+#define URSA_PMTU_HOLD_NS 10000000000ull /* a narrow path remembered (udp.c) */
+#define URSA_PMTU_MEMOS 4	/* narrow paths a send batch remembers */
 #define URSA_UDP_ACK_WAKE_SLACK_NS 1000000ull /* a held ACK's wake-up */
 #define URSA_UDP_HOLD_NS 200000ull /* a request held for our ACK, at most */
 /* a responder sends a QP's requester at most one CNP this often (DCQCN's

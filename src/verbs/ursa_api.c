@@ -222,7 +222,7 @@ EXPORT int ursa_udp_stats(struct ursa_udp_stats *st)
 	C(cm_rx); C(cm_tx); C(cm_orphan); C(cm_drop);
 	C(rx_ce); C(cnp_sent); C(cnp_rcvd); C(cnp_cuts);
 	C(ooo_held); C(sacks_sent); C(sacks_rcvd); C(sr_resent);
-	C(loss_cuts); C(loss_kept);
+	C(loss_cuts); C(loss_kept); C(tx_pmtu);
 #undef C
 	return 0;
 }
@@ -267,7 +267,8 @@ void ursa_stats_exit(void)
 		PRIu64 "; ECN: marked %" PRIu64 ", CNPs sent %" PRIu64
 		" received %" PRIu64 " (window cuts %" PRIu64 "); selective repeat: held %"
 		PRIu64 ", SACKs sent %" PRIu64 " received %" PRIu64 ", resent %" PRIu64
-		"; losses: window cut %" PRIu64 ", kept %" PRIu64 "\n",
+		"; losses: window cut %" PRIu64 ", kept %" PRIu64
+		"; over the path MTU: runs %" PRIu64 "\n",
 		(int)getpid(), u.tx_pkts, u.tx_bytes, u.rx_pkts, u.rx_bytes,
 		u.retransmits, u.naks_sent, u.naks_rcvd, u.rnr_naks, u.drop_short,
 		u.drop_opcode, u.drop_icrc, u.drop_qpn, u.drop_src, u.drop_psn,
@@ -275,7 +276,7 @@ void ursa_stats_exit(void)
 		u.forwarded, u.acks_held,
 		u.acks_alone, u.reqs_held, u.rx_ce, u.cnp_sent, u.cnp_rcvd,
 		u.cnp_cuts, u.ooo_held, u.sacks_sent, u.sacks_rcvd, u.sr_resent,
-		u.loss_cuts, u.loss_kept);
+		u.loss_cuts, u.loss_kept, u.tx_pmtu);
 }
 
 EXPORT int ursa_fault_set(const char *spec)

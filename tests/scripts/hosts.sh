@@ -275,11 +275,15 @@ sr_check() { # LOSS WANT
 # nor with URSA_WIDE=0. The requester's URSA_STATS line
 # gives the RoCEv2 bytes and packets it sent (WRITE) or received (READ):
 # less the BTH and ICRC of each, the payload per packet.
+# per_packet OP: the payload bytes a data packet carried on the client
+per_packet() {
+	sed -n 's/.* RoCEv2: tx \([0-9]*\) pkts \([0-9]*\) B, rx \([0-9]*\) pkts \([0-9]*\) B,.*/\1 \2 \3 \4/p' "$tmp/c" |
+		awk -v op=$1 'NR == 1 { n = op == "read" ? $3 : $1; b = op == "read" ? $4 : $2
+			if (n > 0) printf "%d", b / n - 16 }'
+}
 wide_check() { # WHAT OP SERVER_ENV WIDE(1|0)
 	SRV_ENV="$3" CLI_ENV="URSA_STATS=1" pair 60 ib_$2_bw -F -s 1048576 -n 100
-	per=$(sed -n 's/.* RoCEv2: tx \([0-9]*\) pkts \([0-9]*\) B, rx \([0-9]*\) pkts \([0-9]*\) B,.*/\1 \2 \3 \4/p' "$tmp/c" |
-		awk -v op=$2 'NR == 1 { n = op == "read" ? $3 : $1; b = op == "read" ? $4 : $2
-			if (n > 0) printf "%d", b / n - 16 }')
+	per=$(per_packet $2)
 	if [ $crc != 0 ] || [ $src != 0 ] || [ "${per:-0}" -le 0 ]; then
 		bad "$1" "client $crc server $src: $(grep -m1 'RoCEv2: tx' "$tmp/c")"
 	elif { [ "$4" = 1 ] && [ "$per" -gt 1100 ]; } ||
@@ -298,6 +302,31 @@ if command -v ethtool >/dev/null && offloads off; then
 		wide_check "  with URSA_WIDE=0 on the responder: the path MTU" write URSA_WIDE=0 0
 		wide_check "1 MiB READs between ursa peers in wide packets" read "" 1
 		wide_check "  from a responder without the SR bit: the path MTU" read URSA_SR=0 0
+		# the router's link to the responder narrower (1200) than both
+		# hosts' links: the router's ICMP tells the sender's kernel,
+		# which refuses the GSO runs of wide packets; they go again
+		# packet by packet, fragmented, and messages started after
+		# are cut to fit (1088 bytes). Before, the QP resent them
+		# until it failed. A second run, on a path the kernel knows
+		# from the start, cuts nearly every message to fit.
+		ip -n $R link set v1r mtu 1200
+		CLI_ENV="URSA_STATS=1" pair 60 ib_write_bw -F -s 1048576 -n 100
+		runs=$(sed -n 's/.*over the path MTU: runs \([0-9]*\).*/\1/p' "$tmp/c" | head -1)
+		if [ $crc = 0 ] && [ $src = 0 ] && [ "${runs:-0}" -gt 0 ]; then
+			ok "1 MiB WRITEs through a narrower router link: $runs runs over its MTU sent fragmented"
+		else
+			bad "1 MiB WRITEs through a narrower router link" "client $crc server $src, runs ${runs:-?}: $(grep -m1 'RoCEv2: tx' "$tmp/c" | cut -c1-160)"
+		fi
+		CLI_ENV="URSA_STATS=1" pair 60 ib_write_bw -F -s 1048576 -n 100
+		per=$(per_packet write)
+		if [ $crc = 0 ] && [ $src = 0 ] &&
+		   [ "${per:-0}" -gt 1040 ] && [ "${per:-0}" -le 1110 ]; then
+			ok "  again, the path MTU known: $per payload bytes a packet"
+		else
+			bad "  again, the path MTU known" "client $crc server $src, $per bytes a packet"
+		fi
+		ip -n $R link set v1r mtu 1500
+		ip -n $H2 route flush cache	# (the learned MTU)
 	else
 		skp "wide packets" "perftest not installed"
 	fi
