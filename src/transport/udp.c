@@ -737,7 +737,7 @@ static void rx_bury(struct ursa_udp_ep *u)
 int ursa_udp_ep_open(struct ursa_udp_ep *ep, uint32_t qpn)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET };
-	int one = 1, pmtu = IP_PMTUDISC_WANT;
+	int one = 1, pmtu = IP_PMTUDISC_DO;
 
 	ep->rxfd = -1;
 	/* rxe's choice of source port: 0xC000 + a hash of the QPN */
@@ -747,13 +747,9 @@ int ursa_udp_ep_open(struct ursa_udp_ep *ep, uint32_t qpn)
 		setsockopt(ep->txfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 		setsockopt(ep->txfd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
 		/* DF set and unconnected: Linux sends IP ID 0, which the
-		 * ICRC covers. WANT, not DO: a packet longer than the path
-		 * MTU learned from an ICMP "fragmentation needed" is
-		 * fragmented (with an ID the kernel picks, which ursa's
-		 * receivers solve for), not refused with EMSGSIZE, which
-		 * had left the QP resending it until it failed: a router
-		 * whose next link is narrower than both hosts' links, and
-		 * ursa's wide packets (docs/design.md "Path MTU") */
+		 * ICRC covers (with IP_PMTUDISC_WANT it picks IDs even for
+		 * DF packets, which rxe and NICs would drop); packets over
+		 * the path MTU go otherwise (ursa_udp_flush) */
 		setsockopt(ep->txfd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu));
 		sa.sin_port = htons(ep->sport);
 		if (bind(ep->txfd, (struct sockaddr *)&sa, sizeof(sa))) {
@@ -1093,6 +1089,7 @@ struct txbatch {
 	struct iovec riov[URSA_UDP_TXB]; /* (udp_flush's, off its stack) */
 	struct mmsghdr mm[URSA_UDP_TXB];	/* (the same) */
 	int mrun[URSA_UDP_TXB];		/* (the same: each message's run) */
+	bool mfrag[URSA_UDP_TXB];	/* (the same: over the path MTU) */
 	struct pmtu_memo {		/* narrow paths (ursa_udp_flush) */
 		struct sockaddr_storage to;
 		socklen_t tolen;
@@ -1255,15 +1252,17 @@ static void run_ids(struct txbatch *b, const struct txrun *r)
 }
 
 /*
- * Path MTU. A GSO send whose segments are longer than the path MTU the
- * kernel has learned for its destination (an ICMP "fragmentation
- * needed") is refused whole (EINVAL), where a single packet that long is
- * fragmented (IP_PMTUDISC_WANT, ursa_udp_ep_open). The refused run goes
- * again packet by packet, each with ID 0 again (its fix-up undone) unless
- * the kernel fragments it, and the path's MTU is remembered for a while
- * (URSA_PMTU_HOLD_NS), so that runs longer than it go packet by packet
- * at once. The MTU is asked of a socket connected to the destination,
- * which also tells a narrow path from a kernel that takes no GSO at all.
+ * Path MTU. Once the kernel has learned a path's MTU (an ICMP
+ * "fragmentation needed"), it refuses a longer packet (EMSGSIZE: the
+ * sockets set DF, IP_PMTUDISC_DO) or a GSO run of longer segments
+ * (EINVAL). Such a run or packet goes again packet by packet, each with
+ * ID 0 again (its fix-ups undone), with the socket switched to
+ * IP_PMTUDISC_WANT for as long: the kernel fragments them (with IDs it
+ * picks, which ursa's receivers solve for). The path's MTU is remembered
+ * for a while (URSA_PMTU_HOLD_NS), so that its runs and packets that are
+ * longer go so at once. The MTU is asked of a socket connected to the
+ * destination, which also tells a narrow path from a kernel that takes
+ * no GSO at all.
  */
 static atomic_uint pmtu_gen;	/* (a count: orders nothing) */
 
@@ -1286,7 +1285,7 @@ static size_t path_seg(const struct sockaddr_storage *to, socklen_t tolen)
 	return mtu ? (size_t)mtu - hdr : 0;
 }
 
-/* Must run r go packet by packet: a path remembered narrower? */
+/* Must run r go fragmented: a path remembered narrower? */
 static bool run_narrow(struct txbatch *b, const struct txrun *r, uint64_t *now)
 {
 	for (unsigned i = 0; i < URSA_PMTU_MEMOS; i++) {
@@ -1306,7 +1305,7 @@ static bool run_narrow(struct txbatch *b, const struct txrun *r, uint64_t *now)
 	return false;
 }
 
-/* A GSO run was refused: true if for the path's MTU, remembered. */
+/* A run was refused: true if for the path's MTU, remembered. */
 static bool run_over_pmtu(struct txbatch *b, const struct txrun *r)
 {
 	size_t seg = path_seg(&r->to, r->tolen);
@@ -1336,15 +1335,30 @@ size_t ursa_udp_path_seg(const addr_t *dst)
 	return path_seg(&to, tolen);
 }
 
-/* r, whose ID fix-ups were made, packet by packet */
-static void run_singly(struct txbatch *b, const struct txrun *r)
+/* Let the kernel fragment what the batch's IPv4 socket sends (or not);
+ * IPv6 sockets fragment over the path MTU by default. A packet another
+ * thread sends on the QP's socket meanwhile may leave with an ID the
+ * kernel picks: on a narrow path, to an ursa peer, which solves it. */
+static void may_fragment(const struct txbatch *b, sa_family_t fam, bool on)
 {
-	run_ids(b, r);
+	int v = on ? IP_PMTUDISC_WANT : IP_PMTUDISC_DO;
+
+	if (fam == AF_INET)
+		setsockopt(b->fd, IPPROTO_IP, IP_MTU_DISCOVER, &v, sizeof(v));
+}
+
+/* r, whose ID fix-ups were made if GSO, packet by packet, fragmented */
+static void run_singly(struct txbatch *b, const struct txrun *r, bool gso)
+{
+	if (gso)
+		run_ids(b, r);
+	may_fragment(b, r->to.ss_family, true);
 	for (int k = 0; k < r->n; k++)
 		if (sendto(b->fd, b->pkt[r->first + k].iov_base,
 			   b->pkt[r->first + k].iov_len, 0,
 			   (const struct sockaddr *)&r->to, r->tolen) < 0)
 			ursa_dbg("udp send: %s", strerror(errno));
+	may_fragment(b, r->to.ss_family, false);
 	atomic_fetch_add(&ursa_udp_cnt.tx_pmtu, 1);
 }
 
@@ -1383,10 +1397,11 @@ void ursa_udp_flush(void)
 		struct cmsghdr *cm;
 		uint16_t gs = (uint16_t)r->seg;
 
-		if (r->n > 1 && run_narrow(b, r, &now)) {
+		if (run_narrow(b, r, &now)) {
 			/* (as many messages as packets: mm has room) */
 			for (int k = 0; k < r->n; k++) {
 				b->mrun[m] = i;
+				b->mfrag[m] = true;
 				msg_put(b, m++, r, b->pkt[r->first + k].iov_base,
 					b->pkt[r->first + k].iov_len);
 			}
@@ -1398,6 +1413,7 @@ void ursa_udp_flush(void)
 		 * into the socket had taken twice the time (docs/design.md
 		 * "Wire"). */
 		b->mrun[m] = i;
+		b->mfrag[m] = false;
 		msg_put(b, m, r, b->pkt[r->first].iov_base, r->bytes);
 		h = &mm[m++].msg_hdr;
 		if (r->n == 1)
@@ -1413,17 +1429,28 @@ void ursa_udp_flush(void)
 		memcpy(CMSG_DATA(cm), &gs, sizeof(gs));
 	}
 	while (done < m) {
-		int r = sendmmsg(b->fd, mm + done, (unsigned)(m - done), 0), e;
+		/* a stretch of messages that may be fragmented, or not */
+		int end = done, r, e;
 		bool gso = mm[done].msg_hdr.msg_controllen != 0;
+		struct txrun *run = &b->run[b->mrun[done]];
 
+		while (end < m && b->mfrag[end] == b->mfrag[done])
+			end++;
+		if (b->mfrag[done])
+			may_fragment(b, run->to.ss_family, true);
+		r = sendmmsg(b->fd, mm + done, (unsigned)(end - done), 0);
+		e = errno;
+		if (b->mfrag[done])
+			may_fragment(b, run->to.ss_family, false);
 		if (r > 0) {
 			done += r;
 			continue;
 		}
-		e = errno;
-		if (gso && (e == EINVAL || e == EMSGSIZE) &&
-		    run_over_pmtu(b, &b->run[b->mrun[done]])) {
-			run_singly(b, &b->run[b->mrun[done]]);
+		if (!b->mfrag[done] &&
+		    ((gso && e == EINVAL) || e == EMSGSIZE) &&
+		    run_over_pmtu(b, run)) {
+			/* (a run is one message unless narrow) */
+			run_singly(b, run, gso);
 			done++;
 			continue;
 		}
