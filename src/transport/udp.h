@@ -216,7 +216,7 @@ struct ursa_udp_counters {
 	atomic_uint_fast64_t ooo_held, sacks_sent, sacks_rcvd, sr_resent;
 	/* loss episodes a SACK showed: the window cut (a queue), kept */
 	atomic_uint_fast64_t loss_cuts, loss_kept;
-	atomic_uint_fast64_t tx_pmtu;	/* GSO runs over the path MTU, sent singly */
+	atomic_uint_fast64_t tx_pmtu;	/* runs over the path MTU, sent fragmented */
 };
 extern struct ursa_udp_counters ursa_udp_cnt;
 
