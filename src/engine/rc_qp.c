@@ -222,6 +222,13 @@ uint32_t rc_msg_mtu(struct ursa_qp *qp, const struct ursa_rc *u, uint32_t op,
 	return w;
 }
 
+/* The PSN past every one a message was cut for: after a go-back next_psn
+ * is behind psn_hi, and the messages between go again. */
+static uint32_t psn_past_cut(const struct ursa_rc *u)
+{
+	return psn_cmp(u->next_psn, u->psn_hi) > 0 ? u->next_psn : u->psn_hi;
+}
+
 /*
  * A path narrower than our wide packets (the kernel learned its MTU from
  * an ICMP "fragmentation needed" and refused a GSO run, transport/udp.c):
@@ -241,25 +248,21 @@ void rc_path_learn(struct ursa_qp *qp, struct ursa_rc *u, const addr_t *dst)
 	u->pmtu_gen = gen;
 	w = wide_of(qp, u, rc_mtu_of(qp));
 	seg = ursa_udp_path_seg(dst);
-	if (!w || !seg || seg >= w + ROCE_WIDE_HDRS)
+	if (!w || seg <= ROCE_WIDE_HDRS || seg >= w + ROCE_WIDE_HDRS)
 		return;
-	fit = seg > ROCE_WIDE_HDRS + 1024 ?
-	      roce_wide_bytes(roce_wide_code((uint32_t)seg - ROCE_WIDE_HDRS)) : 0;
+	fit = roce_wide_bytes(roce_wide_code((uint32_t)seg - ROCE_WIDE_HDRS));
 	u->path_wide = fit ? fit : rc_mtu_of(qp);
-	u->path_psn = psn_cmp(u->next_psn, u->psn_hi) > 0 ? u->next_psn :
-							    u->psn_hi;
+	u->path_psn = psn_past_cut(u);
 }
 
 /* An answer from an ursa responder says what it takes: once per
- * connection. Wide from past every PSN a message was cut for: after a
- * go-back next_psn is behind psn_hi, and the messages between go again. */
+ * connection. Wide from past every PSN a message was cut for. */
 void rc_wide_learn(struct ursa_rc *u, uint8_t code)
 {
 	if (u->peer_wide || !code)
 		return;
 	u->peer_wide = roce_wide_bytes(code);
-	u->wide_psn = psn_cmp(u->next_psn, u->psn_hi) > 0 ? u->next_psn :
-							     u->psn_hi;
+	u->wide_psn = psn_past_cut(u);
 }
 
 /* The size code a READ request of a message cut at mtu carries. */
